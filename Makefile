@@ -1,0 +1,20 @@
+# Two entry points, each doing its own set-up (a .venv in this folder):
+#   make all    the main job: `snakemake all` on the default profile
+#   make test   the test suite (what CI runs)
+SHELL := /bin/bash
+VENV := .venv/bin
+# DeepSpeed JIT-builds its CPU ops once (~2 min); keep them across runs and clones
+export TORCH_EXTENSIONS_DIR ?= $(HOME)/.cache/superoffload/torch_extensions
+
+.PHONY: all test setup lint
+all: setup
+	$(VENV)/snakemake all
+
+test: setup
+	$(VENV)/python -m pytest -q tests
+
+setup:
+	@scripts/bootstrap.sh bench,test
+
+lint: setup
+	$(VENV)/ruff check .

@@ -1,0 +1,129 @@
+/* Internal declarations shared by the dispatcher and the per-ISA kernel files (ggml-cpu style). */
+#ifndef GA_INTERNAL_H
+#define GA_INTERNAL_H
+
+#include <string.h>
+#include "grace_adam.h"
+
+/* Adam over elements [begin, end) of the bucket described by args. */
+typedef void (*ga_adam_fn)(const ga_adam_args *a, int64_t begin, int64_t end);
+/* Block sums for the blocks [b0, b1) of a gradient of n elements (see ga_grad_stats). */
+typedef void (*ga_stats_fn)(const void *grad, int32_t dtype, float gs, int64_t n, int64_t b0, int64_t b1,
+                            double *block_sums);
+typedef void (*ga_stream7_fn)(float *a, const float *b, float *c, float *d, int64_t begin, int64_t end);
+
+typedef struct ga_kernels {
+    ga_adam_fn adam;
+    ga_stats_fn stats;
+    ga_stream7_fn stream7;
+} ga_kernels;
+
+extern const ga_kernels ga_kernels_scalar;
+#if defined(GA_HAVE_AVX2)
+extern const ga_kernels ga_kernels_avx2;
+#endif
+#if defined(GA_HAVE_AVX512)
+extern const ga_kernels ga_kernels_avx512;
+#endif
+#if defined(GA_HAVE_NEON)
+extern const ga_kernels ga_kernels_neon;
+#endif
+#if defined(GA_HAVE_SVE)
+extern const ga_kernels ga_kernels_sve;
+/* SVE reuses the NEON statistics kernel: the 16-lane fp64 layout is fixed, not vector-length agnostic. */
+void ga_stats_neon(const void *grad, int32_t dtype, float gs, int64_t n, int64_t b0, int64_t b1,
+                   double *block_sums);
+#endif
+
+/* ---- portable scalar helpers (static inline so each ISA file can use them for its own tails) ---- */
+
+static inline uint32_t ga_f32_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+static inline float ga_bits_f32(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline float ga_bf16_to_f32(uint16_t h) { return ga_bits_f32((uint32_t)h << 16); }
+
+/* Round-to-nearest-even; NaN becomes the canonical quiet NaN 0x7FC0 (as c10::BFloat16 does). */
+static inline uint16_t ga_f32_to_bf16(float f) {
+    uint32_t u = ga_f32_bits(f);
+    if (f != f) return 0x7FC0u;
+    u += 0x7FFFu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+/* Exact IEEE binary16 -> binary32 (subnormals included). */
+static inline float ga_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1Fu;
+    uint32_t man = h & 0x3FFu;
+    uint32_t out;
+    if (exp == 0x1Fu) {
+        out = sign | 0x7F800000u | (man << 13); /* inf / NaN (payload kept, as the hardware does) */
+    } else if (exp != 0) {
+        out = sign | ((exp + 112u) << 23) | (man << 13);
+    } else if (man == 0) {
+        out = sign;
+    } else { /* subnormal: normalise */
+        int e = -1;
+        do {
+            man <<= 1;
+            e++;
+        } while ((man & 0x400u) == 0);
+        out = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3FFu) << 13);
+    }
+    return ga_bits_f32(out);
+}
+
+/* binary32 -> binary16 with round-to-nearest-even, matching F16C / ARM FCVT (NaN: quiet, payload
+ * truncated). */
+static inline uint16_t ga_f32_to_f16(float f) {
+    uint32_t u = ga_f32_bits(f);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+    uint32_t a = u & 0x7FFFFFFFu;
+    if (a >= 0x7F800000u) { /* inf or NaN */
+        if (a == 0x7F800000u) return (uint16_t)(sign | 0x7C00u);
+        return (uint16_t)(sign | 0x7E00u | ((a >> 13) & 0x3FFu));
+    }
+    if (a >= 0x477FF000u) return (uint16_t)(sign | 0x7C00u); /* rounds to >= 65520: overflow */
+    if (a >= 0x38800000u) {                                    /* normal fp16 range (>= 2^-14) */
+        uint32_t r = a + 0x0FFFu + ((a >> 13) & 1u) - 0x38000000u; /* rebias 127 -> 15 */
+        return (uint16_t)(sign | (r >> 13));
+    }
+    if (a < 0x33000000u) return sign; /* < 2^-25: rounds to zero */
+    {
+        /* subnormal fp16: value = man * 2^-24; shift the 24-bit significand and round RNE */
+        uint32_t e = a >> 23;
+        uint32_t man = (a & 0x7FFFFFu) | 0x800000u;
+        uint32_t shift = 126u - e; /* 14..24 */
+        uint32_t q = man >> shift;
+        uint32_t rem = man & ((1u << shift) - 1u);
+        uint32_t half = 1u << (shift - 1u);
+        if (rem > half || (rem == half && (q & 1u))) q++;
+        return (uint16_t)(sign | q);
+    }
+}
+
+static inline float ga_load_grad(const void *g, int32_t dt, int64_t i) {
+    if (dt == GA_BF16) return ga_bf16_to_f32(((const uint16_t *)g)[i]);
+    if (dt == GA_F16) return ga_f16_to_f32(((const uint16_t *)g)[i]);
+    return ((const float *)g)[i];
+}
+
+/* Fixed reduction tree of the 16 fp64 lanes of one statistics block. */
+static inline double ga_reduce16(const double *l) {
+    double r8[8], r4[4], r2[2];
+    for (int k = 0; k < 8; k++) r8[k] = l[k] + l[k + 8];
+    for (int k = 0; k < 4; k++) r4[k] = r8[k] + r8[k + 4];
+    for (int k = 0; k < 2; k++) r2[k] = r4[k] + r4[k + 2];
+    return r2[0] + r2[1];
+}
+
+#endif

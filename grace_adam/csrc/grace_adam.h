@@ -1,0 +1,110 @@
+/*
+ * grace_adam: fused host Adam/AdamW step for flat fp32 buckets (plain C ABI, no torch/Python).
+ *
+ * Exactness contract (see docs/grace_adam.md): every element is computed with the same sequence of
+ * IEEE-754 single-precision operations (no FMA contraction anywhere, sqrt and division correctly
+ * rounded, round-to-nearest-even, no flush-to-zero) on every ISA path, SIMD body and tail, thread count
+ * and bucket split, so results are bit-identical for finite inputs.
+ */
+#ifndef GRACE_ADAM_H
+#define GRACE_ADAM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define GA_ABI_VERSION 1
+
+#if defined(__GNUC__)
+#define GA_API __attribute__((visibility("default")))
+#else
+#define GA_API
+#endif
+
+/* Element types of the gradient and of the low-precision output copy. */
+enum ga_dtype { GA_F32 = 0, GA_BF16 = 1, GA_F16 = 2, GA_NONE = 3 };
+
+/* Instruction-set paths; the bit (1u << isa) is used in masks. */
+enum ga_isa { GA_ISA_SCALAR = 0, GA_ISA_AVX2 = 1, GA_ISA_AVX512 = 2, GA_ISA_NEON = 3, GA_ISA_SVE = 4, GA_ISA_COUNT = 5 };
+
+enum ga_status { GA_OK = 0, GA_EINVAL = -1, GA_EUNSUPPORTED = -2, GA_ENOMEM = -3, GA_ETHREAD = -4 };
+
+/*
+ * One Adam step over n elements. All scalar constants are computed once by the host (in double, then
+ * rounded to float) so every thread and ISA uses identical values. Per element i (all fp32 ops):
+ *
+ *   g  = to_f32(grad[i]) * grad_scale
+ *   p  = param[i]
+ *   if (l2)        g = g + p * weight_decay          (Adam, coupled weight decay)
+ *   if (decoupled) p = p * decay                     (AdamW: decay = 1 - lr * weight_decay)
+ *   d  = g - m;  m = (lerp_hi ? g : m) + d * lerp_c  (torch's lerp; lerp_c = w or -(1 - w), w = 1 - beta1)
+ *   v  = v * beta2 + (one_minus_beta2 * g) * g
+ *   if (amsgrad)   vmax = (v > vmax || v != v) ? v : vmax;  v_used = vmax   else v_used = v
+ *   den = sqrt(v_used) / bias_correction2_sqrt + eps
+ *   p  = p - (step_size * m) / den
+ *
+ * commit != 0: param, exp_avg, exp_avg_sq (and max_exp_avg_sq) are written in place.
+ * commit == 0: nothing of the state is written; only param_out / lowp_out (speculative step).
+ * param_out (fp32) and lowp_out (bf16/fp16, round-to-nearest-even of the new p) are optional.
+ */
+typedef struct ga_adam_args {
+    float *param;
+    const void *grad;
+    float *exp_avg;
+    float *exp_avg_sq;
+    float *max_exp_avg_sq; /* NULL unless amsgrad */
+    float *param_out;      /* optional */
+    void *lowp_out;        /* optional */
+    int64_t n;
+    int32_t grad_dtype;    /* GA_F32 / GA_BF16 / GA_F16 */
+    int32_t lowp_dtype;    /* GA_BF16 / GA_F16, or GA_NONE */
+    int32_t commit;
+    int32_t decoupled;
+    int32_t l2;
+    int32_t lerp_hi;
+    float grad_scale;
+    float weight_decay;
+    float decay;
+    float lerp_c;
+    float beta2;
+    float one_minus_beta2;
+    float step_size;
+    float bias_correction2_sqrt;
+    float eps;
+} ga_adam_args;
+
+GA_API int ga_abi_version(void);
+
+/* nthreads <= 0 means the library default (ga_set_num_threads). Returns a ga_status. */
+GA_API int ga_adam_step(const ga_adam_args *args, int nthreads);
+
+/*
+ * Sum of squares of (to_f32(grad[i]) * grad_scale) accumulated in fp64, and whether all of those are
+ * finite. Deterministic: fixed blocks of GA_STATS_BLOCK elements, 16 interleaved lanes per block reduced
+ * in a fixed tree, block sums added in order, so the result depends on neither threads nor ISA.
+ */
+#define GA_STATS_BLOCK 16384
+GA_API int ga_grad_stats(const void *grad, int32_t dtype, int64_t n, float grad_scale, int nthreads,
+                         double *norm2, int32_t *all_finite);
+
+/* Roofline probe with Adam's memory pattern (read 4 fp32 streams, write 3): a+=b, c+=b, d+=b. */
+GA_API int ga_stream7(float *a, const float *b, float *c, float *d, int64_t n, int nthreads);
+
+GA_API int ga_set_num_threads(int n);
+GA_API int ga_get_num_threads(void);
+/* Minimum elements per thread before another thread is used (tests lower it to exercise splits). */
+GA_API int ga_set_min_chunk(int64_t n);
+GA_API int ga_set_isa(int isa); /* GA_EUNSUPPORTED if not compiled in or not supported by this CPU */
+GA_API int ga_get_isa(void);
+GA_API unsigned ga_supported_isas(void); /* compiled in AND supported by the CPU */
+GA_API unsigned ga_compiled_isas(void);
+GA_API const char *ga_isa_name(int isa);
+GA_API int ga_isa_from_name(const char *name); /* -1 if unknown */
+
+#ifdef __cplusplus
+}
+#endif
+#endif

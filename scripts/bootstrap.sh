@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Set up .venv for this checkout: once, and again only when the dependency files change.
+#   scripts/bootstrap.sh [EXTRAS]     e.g. scripts/bootstrap.sh bench,test
+# torch: a torch already importable by $PYTHON (e.g. your CUDA build) is kept and shared into the venv;
+# otherwise torch==2.13.0 is installed (never an open range, which could pull a multi-GB CUDA build).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+EXTRAS=${1:-bench,test}
+
+"$PY" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' || {
+  echo "bootstrap: Python >= 3.11 is required (found $("$PY" --version 2>&1)); set PYTHON=python3.11" >&2
+  exit 2
+}
+if [ ! -x .venv/bin/python ]; then
+  if "$PY" -c 'import torch' 2>/dev/null; then
+    echo "bootstrap: reusing the torch of $PY ($("$PY" -c 'import torch; print(torch.__version__)'))"
+    "$PY" -m venv --system-site-packages .venv
+  else
+    "$PY" -m venv .venv
+  fi
+fi
+if ! .venv/bin/python -c 'import torch' 2>/dev/null; then
+  .venv/bin/pip install --quiet torch==2.13.0
+fi
+stamp=".venv/.installed-$(cat pyproject.toml setup.py 2>/dev/null | sha256sum | cut -c1-16)-${EXTRAS//,/_}"
+if [ ! -f "$stamp" ]; then
+  .venv/bin/pip install --quiet -e ".[${EXTRAS}]" 2>&1 | grep -v "WARNING: Location" || true
+  .venv/bin/python -c 'import superoffload, grace_adam' # fail here, not later, if the install broke
+  rm -f .venv/.installed-*
+  touch "$stamp"
+fi

@@ -1,0 +1,5 @@
+import sys
+
+from superoffload.cli.main import main
+
+sys.exit(main())

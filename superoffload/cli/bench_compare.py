@@ -1,0 +1,82 @@
+"""`superoffload bench compare RESULTS_DIR`: one table over the records in a folder."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def load_records(folder: str | Path) -> list[dict[str, Any]]:
+    recs = []
+    for path in sorted(Path(folder).rglob("*.json")):
+        try:
+            rec = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if isinstance(rec, dict) and rec.get("schema_version") == 1 and "system" in rec:
+            rec["_path"] = str(path)
+            recs.append(rec)
+    return recs
+
+
+def config_key(rec: dict[str, Any]) -> tuple:
+    r = rec["run"]
+    return (rec["model"]["name"], r["seq"], r["global_batch"], r["dtype"])
+
+
+def compare_rows(recs: list[dict[str, Any]], baseline: str) -> list[dict[str, Any]]:
+    base_tps = {config_key(r): r["throughput"]["tokens_per_s"] for r in recs
+                if r["system"] == baseline and r["status"] == "ok"}
+    rows = []
+    for r in sorted(recs, key=lambda r: (config_key(r), r["system"])):
+        tp = r.get("throughput") or {}
+        mem = r.get("memory") or {}
+        tps = tp.get("tokens_per_s")
+        b = base_tps.get(config_key(r))
+        rows.append({
+            "system": r["system"], "model": r["model"]["name"], "seq": r["run"]["seq"],
+            "batch": r["run"]["global_batch"], "dtype": r["run"]["dtype"], "status": r["status"],
+            "tokens_per_s": tps, "tflops": tp.get("model_tflops"), "mfu": tp.get("mfu"),
+            "hfu": tp.get("hfu"), "peak_device_gib": (mem.get("peak_device_bytes") or 0) / 2**30 or None,
+            "peak_rss_gib": (mem.get("peak_host_rss_bytes") or 0) / 2**30 or None,
+            "ratio": (tps / b) if (tps and b) else None,
+        })
+    return rows
+
+
+def format_table(rows: list[dict[str, Any]], baseline: str) -> str:
+    cols = [("system", "{}"), ("model", "{}"), ("seq", "{}"), ("batch", "{}"), ("dtype", "{}"),
+            ("status", "{}"), ("tokens_per_s", "{:.0f}"), ("tflops", "{:.3f}"), ("mfu", "{:.1%}"),
+            ("hfu", "{:.1%}"), ("peak_device_gib", "{:.2f}"), ("peak_rss_gib", "{:.2f}"), ("ratio", "{:.2f}x")]
+    head = [c if c != "ratio" else f"vs {baseline}" for c, _ in cols]
+    body = [[("-" if r[c] is None else f.format(r[c])) for c, f in cols] for r in rows]
+    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(head)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(b, widths, strict=True)) for b in body]
+    return "\n".join(lines)
+
+
+def add_cli(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("compare", help="print one table over the records in a folder",
+                       description="Read every run record (*.json) under RESULTS_DIR and print tokens/s, "
+                                   "TFLOPS, MFU, HFU, peak memory and the ratio to --baseline.")
+    p.add_argument("results_dir", metavar="RESULTS_DIR")
+    p.add_argument("--baseline", default="torch", help="system the ratio column divides by (default torch)")
+    p.add_argument("--json", action="store_true", help="print rows as JSON instead of a table")
+    p.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    if not Path(args.results_dir).is_dir():
+        print(f"superoffload bench compare: error: {args.results_dir!r} is not a folder", file=sys.stderr)
+        return 2
+    recs = load_records(args.results_dir)
+    if not recs:
+        print(f"superoffload bench compare: no run records under {args.results_dir}", file=sys.stderr)
+        return 1
+    rows = compare_rows(recs, args.baseline)
+    print(json.dumps(rows, indent=2) if args.json else format_table(rows, args.baseline))
+    return 0

@@ -1,0 +1,151 @@
+"""`superoffload bench run`: one benchmark run -> one JSON record."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from superoffload.harness.models import MODELS
+from superoffload.harness.systems import SYSTEMS
+
+
+def _positive_int(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+    return v
+
+
+def _nonneg_int(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {s!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {v}")
+    return v
+
+
+def _nonneg_float(s: str) -> float:
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {s!r}") from None
+    if not v >= 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {v}")
+    return v
+
+
+def _positive_float(s: str) -> float:
+    v = _nonneg_float(s)
+    if v == 0:
+        raise argparse.ArgumentTypeError("expected a number > 0, got 0")
+    return v
+
+
+def _option(s: str) -> tuple[str, object]:
+    key, sep, value = s.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {s!r}")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
+
+
+def add_cli(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="run one system on one model configuration and write a JSON record",
+                       description="Train SYSTEM on MODEL with synthetic data for WARMUP + STEPS optimizer "
+                                   "steps, time the STEPS after warm-up (device synchronized around each), "
+                                   "and write one schema-validated JSON record to --out.")
+    p.add_argument("--system", required=True, choices=sorted(SYSTEMS), metavar="SYSTEM",
+                   help=f"system under test: {', '.join(SYSTEMS)}")
+    p.add_argument("--model", required=True, choices=list(MODELS), metavar="MODEL",
+                   help=f"model from the zoo: {', '.join(MODELS)}")
+    p.add_argument("--seq", type=_positive_int, default=128, help="sequence length (default 128)")
+    p.add_argument("--batch", type=_positive_int, default=2, help="micro-batch size per rank (default 2)")
+    p.add_argument("--grad-accum", type=_positive_int, default=1,
+                   help="micro-batches per optimizer step (default 1)")
+    p.add_argument("--steps", type=_positive_int, default=10, help="timed steps after warm-up (default 10)")
+    p.add_argument("--warmup", type=_nonneg_int, default=2,
+                   help="warm-up steps, run but excluded from timing (default 2)")
+    p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32",
+                   help="training precision (default fp32)")
+    p.add_argument("--seed", type=int, default=1234, help="seed for weights and data (default 1234)")
+    p.add_argument("--lr", type=_positive_float, default=1e-3, help="learning rate (default 1e-3)")
+    p.add_argument("--weight-decay", type=_nonneg_float, default=0.1, help="AdamW weight decay (default 0.1)")
+    p.add_argument("--grad-clip", type=_nonneg_float, default=0.0,
+                   help="global-norm gradient clipping threshold; 0 disables (default 0)")
+    p.add_argument("--checkpointing", action="store_true", help="activation checkpointing per block")
+    p.add_argument("--threads", type=_positive_int, default=None,
+                   help="host threads for torch and the host optimizer (default: torch's default)")
+    p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
+                   help="auto uses CUDA when available (default auto)")
+    p.add_argument("--peak-flops", type=_positive_float, default=None,
+                   help="override the peak FLOP/s used for MFU/HFU (default: GPU table or measured CPU peak)")
+    p.add_argument("--data", default=None,
+                   help="tokenized corpus file (flat uint16/uint32 token ids) instead of synthetic data")
+    p.add_argument("--data-dtype", choices=["uint16", "uint32"], default="uint16",
+                   help="token id type of --data (default uint16)")
+    p.add_argument("--option", "-o", type=_option, action="append", default=[], metavar="KEY=VALUE",
+                   help="system-specific option (JSON value), repeatable, e.g. -o bucket_size=4096")
+    p.add_argument("--out", required=True, help="path of the JSON record to write")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    from superoffload.harness.record import write_record
+    from superoffload.harness.runner import run_benchmark, validate_run
+    from superoffload.harness.system import RunConfig
+
+    options = dict(args.option)
+    if args.data:
+        options.update(data=args.data, data_dtype=args.data_dtype)
+    run = RunConfig(system=args.system, model=args.model, seq=args.seq, batch=args.batch,
+                    grad_accum=args.grad_accum, steps=args.steps, warmup=args.warmup, dtype=args.dtype,
+                    seed=args.seed, lr=args.lr, weight_decay=args.weight_decay, grad_clip=args.grad_clip,
+                    activation_checkpointing=args.checkpointing, threads=args.threads, device=args.device,
+                    peak_flops=args.peak_flops, system_options=options)
+    try:
+        validate_run(run)
+    except ValueError as e:
+        print(f"superoffload bench run: error: {e}", file=sys.stderr)
+        return 2
+
+    bar = None
+    progress = None
+    if not args.no_progress and sys.stderr.isatty():
+        from tqdm import tqdm
+
+        bar = tqdm(total=run.warmup + run.steps, desc=f"{run.system}/{run.model}", unit="step", file=sys.stderr)
+
+        def progress(done: int, total: int, loss: float) -> None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss:.4f}", phase="warmup" if done <= run.warmup else "timed")
+
+    rec = run_benchmark(run, progress)
+    if bar is not None:
+        bar.close()
+    if rec["run"].get("rank", 0) == 0:
+        write_record(args.out, rec)
+    print(summary_line(rec))
+    return 0 if rec["status"] == "ok" else 1
+
+
+def summary_line(rec: dict) -> str:
+    head = f"{rec['system']} {rec['model']['name']} seq={rec['run']['seq']} batch={rec['run']['global_batch']}"
+    if rec["status"] != "ok":
+        return f"{head}: {rec['status'].upper()}: {(rec['error'] or '').splitlines()[0]}"
+    tp, tm = rec["throughput"], rec["timing"]
+    mem = rec["memory"]["peak_device_bytes"]
+    mem_s = f"{mem / 2**30:.2f} GiB device" if mem is not None else \
+        f"{rec['memory']['peak_host_rss_bytes'] / 2**30:.2f} GiB host RSS"
+    return (f"{head}: {tp['tokens_per_s']:.0f} tok/s, {tp['model_tflops']:.3f} TFLOPS, "
+            f"MFU {100 * tp['mfu']:.1f}%, HFU {100 * tp['hfu']:.1f}%, step {1000 * tm['median_s']:.1f} ms "
+            f"(p10-p90 {1000 * tm['p10_s']:.1f}-{1000 * tm['p90_s']:.1f}), peak {mem_s}, "
+            f"loss {rec['losses'][0]:.4f} -> {rec['losses'][-1]:.4f}")

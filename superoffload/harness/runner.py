@@ -1,0 +1,175 @@
+"""The runner: one honest measuring path for every system.
+
+Validate everything first (a bad value fails before any model is built), build the model on the host
+with a fixed seed, hand it to the system, run warm-up steps (excluded) and timed steps, synchronizing
+the device before every clock read, and write one schema-validated record. An out-of-memory failure
+is a result (status "oom"), as is any other exception (status "error"); neither crashes the caller.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import logging
+import os
+import resource
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from superoffload.device import get_device
+from superoffload.harness import flops, peak, provenance, record
+from superoffload.harness.data import SyntheticData, TokenFileData
+from superoffload.harness.models import build_model, count_params, get_shape
+from superoffload.harness.stats import summarize
+from superoffload.harness.system import RunConfig
+from superoffload.harness.systems import check_system, create_system
+from superoffload.harness.telemetry import Telemetry
+from superoffload.shapes import ModelShape
+
+log = logging.getLogger(__name__)
+
+DTYPES = ("fp32", "bf16", "fp16")
+
+
+def validate_run(run: RunConfig) -> ModelShape:
+    """Check a RunConfig; raise ValueError saying what to change. Returns the model shape."""
+    check_system(run.system)
+    shape = get_shape(run.model)
+    if run.dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {run.dtype!r}")
+    for name in ("seq", "batch", "grad_accum", "steps", "world_size"):
+        if getattr(run, name) < 1:
+            raise ValueError(f"{name} must be >= 1, got {getattr(run, name)}")
+    if run.warmup < 0:
+        raise ValueError(f"warmup must be >= 0, got {run.warmup}")
+    if run.grad_clip < 0:
+        raise ValueError(f"grad_clip must be >= 0 (0 disables clipping), got {run.grad_clip}")
+    if run.lr <= 0 or run.eps <= 0:
+        raise ValueError("lr and eps must be positive")
+    if not all(0.0 <= b < 1.0 for b in run.betas):
+        raise ValueError(f"betas must be in [0, 1), got {run.betas}")
+    if run.threads is not None and run.threads < 1:
+        raise ValueError(f"threads must be >= 1, got {run.threads}")
+    if not shape.learned_positions and run.seq > shape.max_seq:
+        raise ValueError(f"seq {run.seq} exceeds {run.model}'s max positions {shape.max_seq}")
+    if run.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' requested but no CUDA device is available; use --device cpu")
+    if run.device not in ("auto", "cuda", "cpu"):
+        raise ValueError(f"device must be auto, cuda or cpu, got {run.device!r}")
+    data = run.system_options.get("data")
+    if data is not None and not os.path.exists(data):
+        raise ValueError(f"data file {data!r} does not exist")
+    return shape
+
+
+def _dist_env() -> tuple[int, int]:
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def _init_distributed(device_type: str) -> None:
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
+
+
+def _host_peak_rss() -> int:
+    # ru_maxrss is in KiB on Linux: the process-lifetime peak
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def _model_block(shape: ModelShape, params: int) -> dict[str, Any]:
+    return {"name": shape.name, "params": params, "matmul_params": shape.matmul_params(),
+            "layers": shape.layers, "hidden": shape.hidden, "heads": shape.heads, "vocab": shape.vocab,
+            "ffn_hidden": shape.ffn_hidden, "kv_heads": shape.n_kv_heads, "family": shape.family}
+
+
+def run_benchmark(run: RunConfig, progress: Callable[[int, int, float], None] | None = None) -> dict[str, Any]:
+    """Run one benchmark and return its record (status ok / oom / error). Raises only on bad input."""
+    shape = validate_run(run)
+    rank, world = _dist_env()
+    run.world_size = world
+    if run.threads:
+        torch.set_num_threads(run.threads)
+    device = get_device(run.device)
+    if world > 1:
+        _init_distributed(device.type)
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[run.dtype]
+    rec: dict[str, Any] = {
+        "schema_version": 1, "status": "ok", "error": None, "system": run.system,
+        "model": _model_block(shape, shape.total_params()),
+        "run": {**run.to_dict(), "global_batch": run.global_batch, "tokens_per_step": run.tokens_per_step,
+                "rank": rank},
+        "timing": None, "losses": [], "throughput": None, "memory": {}, "telemetry": None,
+        "system_stats": None, "rollbacks": None, "plan": None,
+        "provenance": provenance.collect(device.name()),
+        "created_utc": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+    }
+    telemetry = Telemetry(run.telemetry_interval_s, want_gpu=device.is_cuda)
+    system = None
+    times: list[float] = []
+    losses: list[float | None] = []
+    try:
+        model = build_model(shape, seq=run.seq, seed=run.seed,
+                            activation_checkpointing=run.activation_checkpointing)
+        rec["model"]["params"] = count_params(model)
+        data_path = run.system_options.get("data")
+        data_cls = TokenFileData if data_path else SyntheticData
+        data_kw = {"path": data_path, "dtype": run.system_options.get("data_dtype", "uint16")} if data_path else {}
+        data = data_cls(vocab=shape.vocab, seq=run.seq, batch=run.batch, grad_accum=run.grad_accum,
+                        seed=run.seed, rank=rank, **data_kw)
+        system = create_system(run.system)
+        system.setup(model, shape, run)
+        del model
+        device.reset_peak_memory()
+        total = run.warmup + run.steps
+        telemetry.start()
+        for i in range(total):
+            batch = data.batch_at(i)
+            device.synchronize()
+            t0 = time.perf_counter()
+            loss = system.step(batch)
+            device.synchronize()
+            times.append(time.perf_counter() - t0)
+            telemetry.mark_step(i)
+            lv = float(loss.detach().float().cpu())
+            losses.append(lv if lv == lv and abs(lv) != float("inf") else None)
+            if progress:
+                progress(i + 1, total, lv)
+        rec["system_stats"] = system.stats()
+    except Exception as e:  # noqa: BLE001 - every failure becomes a record
+        rec["status"] = "oom" if device.is_oom(e) else "error"
+        rec["error"] = f"{type(e).__name__}: {e}\n" + "".join(traceback.format_exc(limit=8))[-4000:]
+        log.warning("run failed (%s): %s", rec["status"], e)
+    finally:
+        telemetry.stop()
+        if system is not None:
+            try:
+                system.teardown()
+            except Exception as e:  # noqa: BLE001
+                log.warning("teardown failed: %s", e)
+    rec["losses"] = losses
+    rec["memory"] = {"peak_device_bytes": device.peak_memory_bytes(), "peak_host_rss_bytes": _host_peak_rss()}
+    rec["telemetry"] = telemetry.summary(timed_from_step=run.warmup)
+    if rec["system_stats"]:
+        rec["rollbacks"] = rec["system_stats"].get("speculation")
+        rec["plan"] = rec["system_stats"].get("plan")
+    timed = times[run.warmup:]
+    if rec["status"] == "ok" and timed:
+        rec["timing"] = {"step_times_s": timed, "warmup_times_s": times[: run.warmup], **summarize(timed)}
+        peak_flops, source = peak.resolve_peak(device.torch_device, dtype, run.peak_flops)
+        tp = flops.throughput(shape, run.seq, run.batch * run.grad_accum * run.seq, rec["timing"]["median_s"],
+                              peak_flops, run.activation_checkpointing)
+        rec["throughput"] = {
+            "tokens_per_s": tp.tokens_per_s, "model_tflops": tp.model_tflops,
+            "hardware_tflops": tp.hardware_tflops, "mfu": tp.mfu, "hfu": tp.hfu,
+            "peak_flops": peak_flops, "peak_flops_source": source,
+            "model_flops_per_token": flops.model_flops_per_token(shape, run.seq),
+            "hardware_flops_per_token": flops.hardware_flops_per_token(shape, run.seq,
+                                                                       run.activation_checkpointing),
+        }
+    record.validate(rec)
+    return rec

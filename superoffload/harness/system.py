@@ -1,0 +1,86 @@
+"""The System protocol: what every trained system (ours and the baselines) implements.
+
+The runner owns everything that must be identical across systems: the model's initial weights (built
+once on the host with a fixed seed and handed over), the data, warm-up, timing, memory and telemetry.
+A system only turns a model into something that can take one optimizer step on a batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from superoffload.shapes import ModelShape
+
+
+@dataclass
+class RunConfig:
+    """Everything about a run that is not the model's shape. Validated by the CLI and the runner."""
+
+    system: str = "torch"
+    model: str = "gpt-tiny"
+    seq: int = 128
+    batch: int = 2  # micro-batch, sequences per step per rank
+    grad_accum: int = 1
+    steps: int = 10  # timed steps (after warm-up)
+    warmup: int = 2
+    dtype: str = "fp32"  # fp32 | bf16 | fp16
+    seed: int = 1234
+    lr: float = 1e-3
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    grad_clip: float = 0.0  # 0 = off; otherwise global-norm clipping to this value
+    activation_checkpointing: bool = False
+    threads: int | None = None  # host threads for torch and the host optimizer
+    device: str = "auto"  # auto | cuda | cpu
+    world_size: int = 1
+    system_options: dict[str, Any] = field(default_factory=dict)  # system-specific knobs
+    peak_flops: float | None = None  # override the peak used for MFU/HFU
+    telemetry_interval_s: float = 0.1
+
+    @property
+    def global_batch(self) -> int:
+        return self.batch * self.grad_accum * self.world_size
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.global_batch * self.seq
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["betas"] = list(self.betas)
+        return d
+
+
+@dataclass
+class Batch:
+    """One optimizer step's worth of data for this rank: ``grad_accum`` micro-batches."""
+
+    inputs: list[torch.Tensor]  # each [batch, seq] int64
+    targets: list[torch.Tensor]
+
+
+@runtime_checkable
+class System(Protocol):
+    """A training system under test.
+
+    ``setup`` receives a model already initialised (fp32, on the host, same weights for every system
+    with the same seed) and takes ownership of it. ``step`` runs forward + backward for every
+    micro-batch and one optimizer step, and returns the mean loss as a 0-dim tensor (it may still be
+    on the device; the runner synchronizes before stopping its clock). ``stats`` returns a
+    JSON-serialisable dict that goes into the record (engine counters, the effective config of a
+    library, ...). ``teardown`` releases processes, memory and process groups.
+    """
+
+    name: str
+
+    def setup(self, model: torch.nn.Module, shape: ModelShape, run: RunConfig) -> None: ...
+
+    def step(self, batch: Batch) -> torch.Tensor: ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+    def teardown(self) -> None: ...

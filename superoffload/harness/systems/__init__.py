@@ -1,0 +1,32 @@
+"""Registry of systems under test. Entries are import strings, so the harness never imports a
+baseline's heavy dependencies (DeepSpeed) unless that system is asked for."""
+
+from __future__ import annotations
+
+import importlib
+
+from superoffload.harness.system import System
+
+SYSTEMS: dict[str, str] = {
+    "torch": "superoffload.harness.systems.torch_system:TorchSystem",
+    "superoffload": "superoffload.harness.systems.superoffload_system:SuperOffloadSystem",
+    "zero_offload": "baselines.zero_offload:ZeroOffloadSystem",
+    "zero_infinity": "baselines.zero_infinity:ZeroInfinitySystem",
+    "ds_superoffload": "baselines.ds_superoffload:DSSuperOffloadSystem",
+    "fsdp_offload": "baselines.fsdp_offload:FSDPOffloadSystem",
+}
+
+
+def check_system(name: str) -> None:
+    if name not in SYSTEMS:
+        raise ValueError(f"unknown system {name!r}; choose one of: {', '.join(SYSTEMS)}")
+
+
+def create_system(name: str) -> System:
+    check_system(name)
+    module, _, cls = SYSTEMS[name].partition(":")
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as e:
+        raise RuntimeError(f"system {name!r} is not available: {e}") from e
+    return getattr(mod, cls)()

@@ -1,0 +1,72 @@
+"""The reference system: plain PyTorch, everything on the device, no offload.
+
+fp32 params with torch's fused AdamW (the loss and speed reference); bf16/fp16 via autocast on the
+device (fp16 with a GradScaler), global-norm clipping when asked.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from superoffload.device import get_device
+from superoffload.harness.system import Batch, RunConfig
+from superoffload.shapes import ModelShape
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def split_decay_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """The Hugging Face / nanoGPT split: matrices decay, biases, norms and 1-D params do not."""
+    seen: set[int] = set()
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if not p.requires_grad or id(p) in seen:
+            continue
+        seen.add(id(p))
+        (decay if p.dim() >= 2 else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": weight_decay}]
+    if no_decay:
+        groups.append({"params": no_decay, "weight_decay": 0.0})
+    return groups
+
+
+class TorchSystem:
+    name = "torch"
+
+    def setup(self, model: torch.nn.Module, shape: ModelShape, run: RunConfig) -> None:
+        self.run = run
+        self.device = get_device(run.device)
+        self.model = model.to(self.device.torch_device)
+        self.dtype = DTYPES[run.dtype]
+        self.autocast = run.dtype != "fp32"
+        self.opt = torch.optim.AdamW(split_decay_groups(self.model, run.weight_decay), lr=run.lr,
+                                     betas=run.betas, eps=run.eps,
+                                     fused=True)  # fused AdamW has a CPU kernel since torch 2.4
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=run.dtype == "fp16")
+
+    def step(self, batch: Batch) -> torch.Tensor:
+        dev = self.device.torch_device
+        total = torch.zeros((), device=dev)
+        n = len(batch.inputs)
+        for x, y in zip(batch.inputs, batch.targets, strict=True):
+            x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
+            with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.autocast):
+                loss = self.model(x, y) / n
+            self.scaler.scale(loss).backward()
+            total += loss.detach()
+        if self.run.grad_clip > 0:
+            self.scaler.unscale_(self.opt)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.run.grad_clip)
+        self.scaler.step(self.opt)
+        self.scaler.update()
+        self.opt.zero_grad(set_to_none=True)
+        return total
+
+    def stats(self) -> dict[str, Any]:
+        return {"optimizer": "torch.optim.AdamW(fused=True)", "autocast": self.autocast,
+                "loss_scale": float(self.scaler.get_scale()) if self.scaler.is_enabled() else None}
+
+    def teardown(self) -> None:
+        del self.opt, self.model

@@ -1,0 +1,171 @@
+"""Hardware profiles: the measured or specified numbers the cost model runs on.
+
+A profile is plain data (JSON in, JSON out). Presets are built only from public specifications and
+published microbenchmarks; each constant says where it comes from. ``calibrate`` replaces every
+number with a measurement of the machine at hand.
+
+Conventions (the cost model relies on them):
+
+* Bandwidths are GB/s with GB = 1e9 bytes. TFLOPS are FLOP/s (not 1e12-scaled) to avoid unit slips.
+* ``host_adam_gbps[kind]`` is the *effective* rate of a host AdamW step at 28 bytes/param
+  (read fp32 p, g, m, v = 16 B; write p, m, v = 12 B): params/s = gbps * 1e9 / 28. A kernel that moves
+  more bytes (PyTorch's multi-pass CPU Adam) simply gets a lower effective number.
+* ``*_cast_gbps`` count cast traffic: a bf16<->fp32 cast moves 6 bytes/element (2 read + 4 written or
+  the reverse).
+* Link curves give GB/s as a function of one transfer's size; between tabulated sizes the bandwidth is
+  interpolated linearly in log(size) and clamped at the ends.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from bisect import bisect_left
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+GB = 1e9
+GiB = 2**30
+MB = 2**20
+
+ADAM_BYTES_PER_PARAM = 28  # fp32 AdamW: read p, g, m, v; write p, m, v
+CAST_BYTES_PER_ELEM = 6  # bf16 <-> fp32: 2 bytes one side, 4 the other
+
+# Transfer sizes the presets and the calibration tabulate (1 MiB .. 1 GiB, factors of 4).
+CURVE_SIZES = [MB * 4**i for i in range(6)]
+
+
+@dataclass
+class LinkCurve:
+    """GB/s of one host<->device copy as a function of its size in bytes."""
+
+    sizes: list[int]
+    gbps: list[float]
+
+    def __post_init__(self) -> None:
+        if not self.sizes or len(self.sizes) != len(self.gbps):
+            raise ValueError("LinkCurve needs equally long, non-empty sizes and gbps lists")
+        if any(b <= a for a, b in zip(self.sizes, self.sizes[1:])):
+            raise ValueError("LinkCurve sizes must be strictly increasing")
+        if any(g <= 0 for g in self.gbps):
+            raise ValueError("LinkCurve bandwidths must be positive")
+
+    def bandwidth(self, nbytes: float) -> float:
+        """GB/s for a transfer of ``nbytes`` (log-size interpolation, clamped at the ends)."""
+        if nbytes <= self.sizes[0]:
+            return self.gbps[0]
+        if nbytes >= self.sizes[-1]:
+            return self.gbps[-1]
+        i = bisect_left(self.sizes, nbytes)
+        x0, x1 = math.log(self.sizes[i - 1]), math.log(self.sizes[i])
+        t = (math.log(nbytes) - x0) / (x1 - x0)
+        return self.gbps[i - 1] + t * (self.gbps[i] - self.gbps[i - 1])
+
+    def seconds(self, nbytes: float) -> float:
+        if nbytes <= 0:
+            return 0.0
+        return nbytes / (self.bandwidth(nbytes) * GB)
+
+    def peak(self) -> float:
+        return max(self.gbps)
+
+    @classmethod
+    def latency_bandwidth(cls, peak_gbps: float, latency_s: float,
+                          sizes: list[int] | None = None) -> LinkCurve:
+        """The curve of a link with a fixed per-copy cost: bw(s) = s / (latency + s / peak).
+
+        Used by the presets, which have a spec'd peak but no published size sweep.
+        """
+        sizes = sizes or CURVE_SIZES
+        return cls(sizes=list(sizes),
+                   gbps=[s / (latency_s + s / (peak_gbps * GB)) / GB for s in sizes])
+
+
+@dataclass
+class HardwareProfile:
+    """One device + its host, as the cost model sees them."""
+
+    name: str
+    source: str  # "preset: ..." or "calibrated on <host> at <time>"
+    h2d_pinned: LinkCurve
+    d2h_pinned: LinkCurve
+    h2d_pageable: LinkCurve
+    d2h_pageable: LinkCurve
+    device_matmul_flops: float  # achievable bf16 dense matmul FLOP/s (large GEMMs)
+    device_peak_flops: float  # vendor dense bf16 peak, the denominator of MFU/HFU
+    attention_factor: float  # attention kernels run at this fraction of device_matmul_flops
+    device_hbm_bytes: int
+    device_hbm_gbps: float
+    device_cast_gbps: float  # cast traffic GB/s on the device (6 B/elem)
+    host_adam_gbps: dict[str, float]  # kind -> effective GB/s at 28 B/param
+    host_cores: int
+    host_memory_bytes: int
+    host_cast_gbps: float  # cast traffic GB/s on the host (6 B/elem)
+    sync_latency_s: float  # host<->device event round trip charged once per bucket op
+    device_reserve_bytes: int = 2 * GiB  # CUDA context, cuBLAS workspace, allocator slack
+    host_reserve_bytes: int = 16 * GiB  # OS, runtime, data loader, page cache floor
+    device_is_host: bool = False  # "cpu" profile: the device is the CPU and the link is a memcpy
+    notes: list[str] = field(default_factory=list)
+
+    # --- derived rates ---------------------------------------------------------------------------
+    def host_adam_seconds(self, params: float, kind: str, extra_bytes_per_param: float = 0.0) -> float:
+        try:
+            gbps = self.host_adam_gbps[kind]
+        except KeyError:
+            raise ValueError(f"profile {self.name!r} has no host Adam rate for {kind!r}; "
+                             f"has {sorted(self.host_adam_gbps)}") from None
+        return params * (ADAM_BYTES_PER_PARAM + extra_bytes_per_param) / (gbps * GB)
+
+    def device_adam_seconds(self, params: float) -> float:
+        # A fused device AdamW is a streaming kernel like the cast: same achievable GB/s.
+        return params * ADAM_BYTES_PER_PARAM / (self.device_cast_gbps * GB)
+
+    def cast_seconds(self, elems: float, on_host: bool) -> float:
+        gbps = self.host_cast_gbps if on_host else self.device_cast_gbps
+        return elems * CAST_BYTES_PER_ELEM / (gbps * GB)
+
+    def link(self, direction: str, pinned: bool = True) -> LinkCurve:
+        if direction not in ("h2d", "d2h"):
+            raise ValueError(f"direction must be 'h2d' or 'd2h', not {direction!r}")
+        return getattr(self, f"{direction}_{'pinned' if pinned else 'pageable'}")
+
+    # --- JSON --------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> HardwareProfile:
+        d = dict(d)
+        for key in ("h2d_pinned", "d2h_pinned", "h2d_pageable", "d2h_pageable"):
+            d[key] = LinkCurve(**d[key])
+        known = set(cls.__dataclass_fields__)
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"unknown HardwareProfile fields: {sorted(unknown)}")
+        return cls(**d)
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write JSON atomically: a reader never sees a half-written profile."""
+        write_json_atomic(path, self.to_dict())
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> HardwareProfile:
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, indent=2, sort_keys=True)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

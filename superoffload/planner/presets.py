@@ -1,0 +1,164 @@
+"""Hardware presets built from public specifications and published microbenchmarks only.
+
+No number here was fitted to a figure of the paper. Where a spec gives only a peak, a derived value
+uses one of the two shared efficiency constants below, applied the same way to every preset.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from superoffload.planner.hardware import ADAM_BYTES_PER_PARAM, GiB, HardwareProfile, LinkCurve
+
+# GraceAdam microbenchmark (authors' table, reference/paper-figures.md §5, 8B-parameter row):
+# seconds per full AdamW step of 8e9 params on Grace.
+_ADAM_8B_SECONDS = {"graceadam": 0.608, "cpuadam": 0.769, "torch": 1.834}
+_GRACE_LPDDR5X_GBPS = 500.0  # "72 cores, 500 GB/s LPDDR5" (paper-figures.md §1a, S10; vendor: up to 546)
+
+
+def _adam_gbps_from_table(scale: float = 1.0) -> dict[str, float]:
+    """Effective GB/s at 28 B/param from the 8B row; ``scale`` moves it to another host."""
+    return {k: scale * 8e9 * ADAM_BYTES_PER_PARAM / t / 1e9 for k, t in _ADAM_8B_SECONDS.items()}
+
+
+# Streaming efficiency: GraceAdam's effective bytes/s over Grace's spec bandwidth (368.4 / 500).
+# Applied to every bandwidth-bound kernel we have no measurement for (casts, device Adam, other hosts'
+# Adam), because a fused streaming pass is the same kind of work everywhere.
+STREAM_EFFICIENCY = _adam_gbps_from_table()["graceadam"] / _GRACE_LPDDR5X_GBPS
+
+# Link protocol efficiency: PCIe Gen5 x16 pinned copies reach ~55 GB/s of the 64 GB/s per-direction
+# spec (DeepSpeed PR #8283 table, reference/ecosystem.md §0.9). Assumed to hold for NVLink-C2C too,
+# for which no public measured sweep was found.
+LINK_EFFICIENCY = 55.0 / 64.0
+
+# Fixed cost per copy (driver call + DMA setup). Assumption, order of a cudaMemcpyAsync launch;
+# calibrate measures the whole curve instead.
+COPY_LATENCY_S = 10e-6
+SYNC_LATENCY_S = 10e-6  # event record + host wait wake-up; assumption, calibrate measures it
+
+# Pageable copies go through a driver staging buffer copied by one CPU thread: ~10-17 GB/s on PCIe
+# Gen5 hosts (project brief / DeepSpeed PR #8283); we use the middle. No public GH200 number was
+# found, so the same staging limit is assumed there.
+PAGEABLE_GBPS = 14.0
+
+# Achievable vs peak matmul: TransformerEngine issue #2053 measured ~750 TFLOP/s for a large bf16
+# Linear on GH200 (reference/ecosystem.md §B) against the 989 TFLOP/s dense peak.
+MATMUL_EFFICIENCY = 750e12 / 989e12
+
+# FlashAttention-2 paper: up to ~335 TFLOP/s fwd+bwd on H100 SXM5, i.e. ~0.45 of the achievable
+# GEMM rate above. Attention FLOPs run at this fraction of device_matmul_flops.
+ATTENTION_FACTOR = 335e12 / 750e12
+
+
+def _links(peak_gbps: float) -> dict[str, LinkCurve]:
+    pinned = LinkCurve.latency_bandwidth(peak_gbps * LINK_EFFICIENCY, COPY_LATENCY_S)
+    pageable = LinkCurve.latency_bandwidth(min(PAGEABLE_GBPS, peak_gbps * LINK_EFFICIENCY), COPY_LATENCY_S)
+    return {"h2d_pinned": pinned, "d2h_pinned": pinned,
+            "h2d_pageable": pageable, "d2h_pageable": pageable}
+
+
+def gh200() -> HardwareProfile:
+    hbm_gbps = 3000.0  # NVIDIA GH200 architecture blog (S12): "96 GB HBM3 at up to 3000 GB/s"
+    return HardwareProfile(
+        name="gh200",
+        source="preset: NVIDIA GH200 specs (S2, S12), GraceAdam table (S3), TE#2053",
+        **_links(450.0),  # NVLink-C2C: 900 GB/s total = 450 GB/s per direction (S2)
+        device_matmul_flops=750e12,  # TE#2053 measured on GH200
+        device_peak_flops=989e12,  # Hopper dense bf16 peak (torchtitan table, ecosystem.md §B)
+        attention_factor=ATTENTION_FACTOR,
+        device_hbm_bytes=96 * GiB,  # 96 GB HBM3 (spec)
+        device_hbm_gbps=hbm_gbps,
+        device_cast_gbps=STREAM_EFFICIENCY * hbm_gbps,
+        host_adam_gbps=_adam_gbps_from_table(),  # measured on Grace by the authors
+        host_cores=72,  # Grace: 72 Neoverse V2 cores
+        host_memory_bytes=480 * 10**9,  # largest LPDDR5X option on the GH200 datasheet (480 GB)
+        host_cast_gbps=STREAM_EFFICIENCY * _GRACE_LPDDR5X_GBPS,
+        sync_latency_s=SYNC_LATENCY_S,
+        notes=["host memory is the datasheet's 480 GB; the paper's per-chip host memory is not known",
+               "C2C curve is latency+bandwidth, not a measured sweep; run `superoffload calibrate`"],
+    )
+
+
+# Generic x86 host for the PCIe presets: one Xeon (Sapphire Rapids) socket with 8 channels of
+# DDR5-4800 = 307 GB/s spec, 56 cores, 512 GB. Its Adam rates are Grace's scaled by the
+# memory-bandwidth ratio (Adam is bandwidth bound).
+_X86_MEM_GBPS = 8 * 38.4
+_X86_SCALE = _X86_MEM_GBPS / _GRACE_LPDDR5X_GBPS
+
+
+def _pcie_profile(name: str, peak_flops: float, hbm_bytes: int, hbm_gbps: float, source: str) -> HardwareProfile:
+    return HardwareProfile(
+        name=name,
+        source=source,
+        **_links(64.0),  # PCIe Gen5 x16: 64 GB/s per direction
+        device_matmul_flops=MATMUL_EFFICIENCY * peak_flops,
+        device_peak_flops=peak_flops,
+        attention_factor=ATTENTION_FACTOR,
+        device_hbm_bytes=hbm_bytes,
+        device_hbm_gbps=hbm_gbps,
+        device_cast_gbps=STREAM_EFFICIENCY * hbm_gbps,
+        host_adam_gbps=_adam_gbps_from_table(_X86_SCALE),
+        host_cores=56,
+        host_memory_bytes=512 * 10**9,
+        host_cast_gbps=STREAM_EFFICIENCY * _X86_MEM_GBPS,
+        sync_latency_s=SYNC_LATENCY_S,
+        notes=["host is an assumed Sapphire Rapids socket (8x DDR5-4800); calibrate on the real one"],
+    )
+
+
+def h100_pcie() -> HardwareProfile:
+    # H100 PCIe: 756 TFLOP/s dense bf16 (torchtitan), 80 GB HBM2e at 2.0 TB/s (NVIDIA datasheet)
+    return _pcie_profile("h100-pcie", 756e12, 80 * GiB, 2000.0,
+                         "preset: NVIDIA H100 PCIe datasheet, PCIe Gen5, generic x86 host")
+
+
+def h200_pcie() -> HardwareProfile:
+    # H200: 989 TFLOP/s dense bf16 (torchtitan), 141 GB HBM3e at 4.8 TB/s (NVIDIA datasheet)
+    return _pcie_profile("h200-pcie", 989e12, 141 * GiB, 4800.0,
+                         "preset: NVIDIA H200 datasheet, PCIe Gen5, generic x86 host")
+
+
+def cpu() -> HardwareProfile:
+    """A CPU-only machine: the "device" is the CPU, "HBM" is a budget, the link is a memcpy.
+
+    Spec basis: a desktop with dual-channel DDR5-4800 (76.8 GB/s) and 8 AVX2 cores at 3 GHz
+    (8 x 32 fp32 FLOP/cycle x 3e9 = 768 GFLOP/s peak). Meant for CI; calibrate replaces it.
+    """
+    mem_gbps = 2 * 38.4
+    memcpy = LinkCurve.latency_bandwidth(STREAM_EFFICIENCY * mem_gbps / 2, 2e-6)  # copy reads + writes
+    peak = 8 * 32 * 3e9
+    return HardwareProfile(
+        name="cpu",
+        source="preset: generic 8-core DDR5 desktop (spec numbers); device = host",
+        h2d_pinned=memcpy, d2h_pinned=memcpy, h2d_pageable=memcpy, d2h_pageable=memcpy,
+        device_matmul_flops=MATMUL_EFFICIENCY * peak,
+        device_peak_flops=peak,
+        attention_factor=ATTENTION_FACTOR,
+        device_hbm_bytes=32 * GiB,
+        device_hbm_gbps=mem_gbps,
+        device_cast_gbps=STREAM_EFFICIENCY * mem_gbps,
+        host_adam_gbps=_adam_gbps_from_table(mem_gbps / _GRACE_LPDDR5X_GBPS),
+        host_cores=8,
+        host_memory_bytes=64 * GiB,
+        host_cast_gbps=STREAM_EFFICIENCY * mem_gbps,
+        sync_latency_s=2e-6,
+        device_reserve_bytes=1 * GiB,
+        host_reserve_bytes=4 * GiB,
+        device_is_host=True,
+    )
+
+
+PRESETS = {"gh200": gh200, "h100-pcie": h100_pcie, "h200-pcie": h200_pcie, "cpu": cpu}
+
+
+def get_profile(name_or_path: str | Path | HardwareProfile) -> HardwareProfile:
+    """A preset by name, or a profile JSON written by ``calibrate``."""
+    if isinstance(name_or_path, HardwareProfile):
+        return name_or_path
+    key = str(name_or_path)
+    if key in PRESETS:
+        return PRESETS[key]()
+    path = Path(key)
+    if path.is_file():
+        return HardwareProfile.load(path)
+    raise ValueError(f"unknown hardware {key!r}: not a preset ({', '.join(PRESETS)}) and not a file")

@@ -1,0 +1,150 @@
+"""Runner statistics, records (ok / oom / error), bad input, CLI."""
+
+import json
+import sys
+
+import pytest
+import torch
+
+from superoffload.cli.main import main as cli_main
+from superoffload.harness import record
+from superoffload.harness.runner import run_benchmark, validate_run
+from superoffload.harness.stats import percentile, summarize
+from superoffload.harness.system import RunConfig
+from superoffload.harness.systems import SYSTEMS
+
+
+def test_percentile_and_summary():
+    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
+    assert percentile([1.0, 2.0, 3.0, 4.0], 10) == pytest.approx(1.3)
+    s = summarize([5.0, 1.0, 3.0, 2.0, 4.0])
+    assert s["median_s"] == 3.0 and s["min_s"] == 1.0 and s["max_s"] == 5.0
+    assert s["p10_s"] == pytest.approx(1.4) and s["iqr_s"] == pytest.approx(2.0)
+
+
+def test_torch_run_record_is_valid_and_excludes_warmup():
+    run = RunConfig(system="torch", model="gpt-tiny", seq=32, batch=2, steps=4, warmup=2, threads=1)
+    rec = run_benchmark(run)
+    record.validate(rec)
+    assert rec["status"] == "ok", rec["error"]
+    assert len(rec["losses"]) == 6
+    assert len(rec["timing"]["step_times_s"]) == 4 and len(rec["timing"]["warmup_times_s"]) == 2
+    tp = rec["throughput"]
+    assert tp["tokens_per_s"] == pytest.approx(2 * 32 / rec["timing"]["median_s"])
+    assert 0 < tp["mfu"] <= tp["hfu"]
+    assert rec["provenance"]["torch"] == torch.__version__
+    assert rec["losses"][-1] < rec["losses"][0]  # it trains
+
+
+def test_same_seed_same_losses():
+    run = RunConfig(system="torch", model="gpt-tiny", seq=16, batch=2, steps=3, warmup=0, threads=1)
+    a, b = run_benchmark(run), run_benchmark(run)
+    assert a["losses"] == b["losses"]
+
+
+class _ExplodingSystem:
+    name = "explode"
+
+    def __init__(self, exc):
+        self.exc = exc
+
+    def setup(self, model, shape, run):
+        pass
+
+    def step(self, batch):
+        raise self.exc
+
+    def stats(self):
+        return {}
+
+    def teardown(self):
+        pass
+
+
+@pytest.mark.parametrize("exc,status", [
+    (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), "oom"),
+    (MemoryError(), "oom"),
+    (RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1 bytes. "
+                  "Error code 12 (Cannot allocate memory) out of memory"), "oom"),
+    (ValueError("boom in step"), "error"),
+])
+def test_failures_become_records(monkeypatch, exc, status):
+    import superoffload.harness.runner as runner
+
+    monkeypatch.setattr(runner, "create_system", lambda name: _ExplodingSystem(exc))
+    rec = run_benchmark(RunConfig(system="torch", model="gpt-tiny", seq=16, batch=1, steps=1, warmup=0))
+    record.validate(rec)
+    assert rec["status"] == status
+    assert rec["timing"] is None and rec["throughput"] is None
+    assert type(exc).__name__ in rec["error"]
+
+
+@pytest.mark.parametrize("kw,msg", [
+    ({"system": "nope"}, "unknown system"),
+    ({"model": "gpt-999b"}, "unknown model"),
+    ({"dtype": "fp8"}, "dtype"),
+    ({"seq": 0}, "seq must be >= 1"),
+    ({"warmup": -1}, "warmup"),
+    ({"grad_clip": -1.0}, "grad_clip"),
+    ({"betas": (0.9, 1.5)}, "betas"),
+])
+def test_validate_rejects_bad_input(kw, msg):
+    with pytest.raises(ValueError, match=msg):
+        validate_run(RunConfig(**kw))
+
+
+def test_every_registered_system_name_is_valid():
+    for name in SYSTEMS:
+        validate_run(RunConfig(system=name))
+
+
+def test_cli_writes_valid_record(tmp_path, capsys):
+    out = tmp_path / "r" / "x.json"
+    rc = cli_main(["bench", "run", "--system", "torch", "--model", "gpt-tiny", "--seq", "32", "--batch", "2",
+                   "--steps", "3", "--warmup", "1", "--threads", "1", "--out", str(out), "--no-progress"])
+    assert rc == 0
+    rec = json.loads(out.read_text())
+    record.validate(rec)
+    line = capsys.readouterr().out
+    assert "tok/s" in line and "MFU" in line and "TFLOPS" in line
+    assert not list(out.parent.glob(".*.tmp"))  # atomic write left no temp file
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--system", "nope", "--model", "gpt-tiny"], "invalid choice: 'nope'"),
+    (["--system", "torch", "--model", "gpt-nope"], "invalid choice: 'gpt-nope'"),
+    (["--system", "torch", "--model", "gpt-tiny", "--seq", "0"], "expected a positive integer"),
+    (["--system", "torch", "--model", "gpt-tiny", "--grad-clip", "-1"], "expected a number >= 0"),
+    (["--system", "torch", "--model", "gpt-tiny", "--dtype", "fp8"], "invalid choice: 'fp8'"),
+    (["--system", "torch", "--model", "gpt-tiny", "-o", "novalue"], "expected KEY=VALUE"),
+])
+def test_cli_rejects_bad_input_before_work(tmp_path, capsys, argv, msg):
+    out = tmp_path / "x.json"
+    with pytest.raises(SystemExit) as e:
+        cli_main(["bench", "run", *argv, "--out", str(out)])
+    assert e.value.code == 2
+    assert msg in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_cli_missing_data_file(tmp_path, capsys):
+    rc = cli_main(["bench", "run", "--system", "torch", "--model", "gpt-tiny", "--data", str(tmp_path / "no.bin"),
+                   "--out", str(tmp_path / "x.json")])
+    assert rc == 2 and "does not exist" in capsys.readouterr().err
+
+
+def test_cli_help_lists_every_option(capsys):
+    with pytest.raises(SystemExit):
+        cli_main(["bench", "run", "--help"])
+    text = capsys.readouterr().out
+    for opt in ("--system", "--model", "--seq", "--batch", "--steps", "--dtype", "--seed", "--warmup",
+                "--grad-clip", "--threads", "--out", "--checkpointing", "--device"):
+        assert opt in text
+
+
+def test_console_script_module_runs():
+    import subprocess
+
+    r = subprocess.run([sys.executable, "-m", "superoffload", "bench", "run", "--help"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and "--system" in r.stdout
