@@ -30,10 +30,11 @@ extern const ga_kernels ga_kernels_neon;
 #endif
 #if defined(GA_HAVE_SVE)
 extern const ga_kernels ga_kernels_sve;
-/* SVE reuses the NEON statistics kernel: the 16-lane fp64 layout is fixed, not vector-length agnostic. */
+#endif
+/* SVE reuses the NEON statistics kernel (so SVE is only built together with NEON): the 16-lane fp64
+ * layout of a statistics block is fixed, not vector-length agnostic. */
 void ga_stats_neon(const void *grad, int32_t dtype, float gs, int64_t n, int64_t b0, int64_t b1,
                    double *block_sums);
-#endif
 
 /* ---- portable scalar helpers (static inline so each ISA file can use them for its own tails) ---- */
 

@@ -34,7 +34,10 @@ static inline void adam_one(const ga_adam_args *a, int64_t i) {
 }
 
 static void adam_scalar(const ga_adam_args *a, int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; i++) adam_one(a, i);
+    /* A local copy: float stores through param/m/v may not alias these constants, so the compiler can
+     * keep them in registers and hoist the loop-invariant branches. */
+    const ga_adam_args A = *a;
+    for (int64_t i = begin; i < end; i++) adam_one(&A, i);
 }
 
 static void stats_scalar(const void *grad, int32_t dt, float gs, int64_t n, int64_t b0, int64_t b1,

@@ -1,0 +1,159 @@
+"""Functional API: one fused Adam pass per flat bucket, and one-pass gradient statistics.
+
+Tensors are passed to the native kernel as ``data_ptr()`` + ``numel``; everything is validated here first
+so the C side never sees a wrong dtype, device, layout or size.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from grace_adam import _backend, _fallback
+from grace_adam._hyper import adam_consts, f32
+
+_GRAD_DTYPES = {torch.float32: _backend.DTYPE_F32, torch.bfloat16: _backend.DTYPE_BF16,
+                torch.float16: _backend.DTYPE_F16}
+_LOWP_DTYPES = {torch.bfloat16: _backend.DTYPE_BF16, torch.float16: _backend.DTYPE_F16}
+STATS_BLOCK = 16384  # GA_STATS_BLOCK in csrc/grace_adam.h
+
+
+def _check(name: str, t: object, dtypes: tuple[torch.dtype, ...], numel: int | None) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.device.type != "cpu":
+        raise ValueError(f"{name} must be on the CPU, got device {t.device}")
+    if t.layout != torch.strided:
+        raise ValueError(f"{name} must be a dense (strided) tensor, got layout {t.layout}")
+    if t.dtype not in dtypes:
+        raise TypeError(f"{name} must have dtype {' or '.join(str(d) for d in dtypes)}, got {t.dtype}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (flat bucket); call .contiguous() first")
+    if numel is not None and t.numel() != numel:
+        raise ValueError(f"{name} has {t.numel()} elements, expected {numel} (same as param)")
+    return t
+
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    start = t.data_ptr()
+    return start, start + t.numel() * t.element_size()
+
+
+def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    (a0, a1), (b0, b1) = _span(a), _span(b)
+    return a0 < b1 and b0 < a1
+
+
+def _threads_arg(threads: int | None) -> int:
+    if threads is None:
+        return 0
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads must be None or an int >= 1, got {threads!r}")
+    return threads
+
+
+def adam_step(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, *,
+              step: int, lr: float, beta1: float, beta2: float, eps: float, weight_decay: float = 0.0,
+              adamw: bool = True, bias_correction: bool = True, grad_scale: float = 1.0,
+              max_exp_avg_sq: torch.Tensor | None = None, commit: bool = True,
+              param_out: torch.Tensor | None = None, lowp_out: torch.Tensor | None = None,
+              threads: int | None = None) -> None:
+    """One fused Adam/AdamW step over a flat bucket, in one pass over memory.
+
+    param, exp_avg, exp_avg_sq (and max_exp_avg_sq, which turns on AMSGrad) are fp32; grad is fp32, bf16
+    or fp16 and is used as ``g = float32(grad) * float32(grad_scale)`` (a single fp32 multiply; the caller
+    folds 1/loss_scale and the clip factor into grad_scale). ``step`` is the 1-based count after increment.
+
+    commit=True updates param/exp_avg/exp_avg_sq(/max_exp_avg_sq) in place. commit=False (speculative)
+    writes only param_out (fp32) and/or lowp_out (bf16/fp16, round-to-nearest-even), bit-identical to
+    what a later commit=True call on the same inputs produces. The result of every element is identical
+    for any thread count, ISA path and split of the bucket into sub-slices.
+    """
+    n = _check("param", param, (torch.float32,), None).numel()
+    _check("grad", grad, tuple(_GRAD_DTYPES), n)
+    _check("exp_avg", exp_avg, (torch.float32,), n)
+    _check("exp_avg_sq", exp_avg_sq, (torch.float32,), n)
+    state = [param, grad, exp_avg, exp_avg_sq]
+    if max_exp_avg_sq is not None:
+        state.append(_check("max_exp_avg_sq", max_exp_avg_sq, (torch.float32,), n))
+    outs: list[tuple[str, torch.Tensor]] = []
+    if param_out is not None:
+        outs.append(("param_out", _check("param_out", param_out, (torch.float32,), n)))
+    if lowp_out is not None:
+        outs.append(("lowp_out", _check("lowp_out", lowp_out, tuple(_LOWP_DTYPES), n)))
+    if not commit and not outs:
+        raise ValueError("commit=False writes only param_out / lowp_out: pass at least one of them")
+    for oname, out in outs:
+        for s in state:
+            # The one harmless alias: writing the new param over param itself when committing.
+            if out is param and commit and s is param:
+                continue
+            if n and _overlaps(out, s):
+                raise ValueError(f"{oname} overlaps an input tensor; it must be a separate buffer")
+    if param_out is not None and lowp_out is not None and n and _overlaps(param_out, lowp_out):
+        raise ValueError("param_out and lowp_out overlap")
+    nthreads = _threads_arg(threads)
+    c = adam_consts(step=step, lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay,
+                    adamw=adamw, bias_correction=bias_correction, grad_scale=grad_scale)
+    if n == 0:
+        return
+    lib = _backend.LIB
+    if lib is None:
+        _fallback.adam_step(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, c, commit, param_out, lowp_out)
+        return
+    args = _backend.AdamArgs(
+        param=param.data_ptr(), grad=grad.data_ptr(), exp_avg=exp_avg.data_ptr(),
+        exp_avg_sq=exp_avg_sq.data_ptr(),
+        max_exp_avg_sq=max_exp_avg_sq.data_ptr() if max_exp_avg_sq is not None else None,
+        param_out=param_out.data_ptr() if param_out is not None else None,
+        lowp_out=lowp_out.data_ptr() if lowp_out is not None else None,
+        n=n, grad_dtype=_GRAD_DTYPES[grad.dtype],
+        lowp_dtype=_LOWP_DTYPES[lowp_out.dtype] if lowp_out is not None else _backend.DTYPE_NONE,
+        commit=int(bool(commit)), decoupled=int(c.decoupled), l2=int(c.l2), lerp_hi=int(c.lerp_hi),
+        grad_scale=c.grad_scale, weight_decay=c.weight_decay, decay=c.decay, lerp_c=c.lerp_c,
+        beta2=c.beta2, one_minus_beta2=c.one_minus_beta2, step_size=c.step_size,
+        bias_correction2_sqrt=c.bias_correction2_sqrt, eps=c.eps,
+    )
+    rc = lib.ga_adam_step(ctypes.byref(args), nthreads)  # ctypes releases the GIL during the call
+    if rc != 0:
+        raise RuntimeError(f"ga_adam_step failed with status {rc}")
+
+
+def grad_stats(grad: torch.Tensor, grad_scale: float = 1.0, threads: int | None = None) -> tuple[float, bool]:
+    """Return (sum of squares of ``float32(grad) * float32(grad_scale)`` accumulated in fp64, all finite).
+
+    One pass. Deterministic: fixed blocks of 16384 elements, 16 fp64 lanes per block reduced in a fixed
+    tree, block sums added in order, so the result is bit-identical for any thread count and ISA.
+    """
+    n = _check("grad", grad, tuple(_GRAD_DTYPES), None).numel()
+    nthreads = _threads_arg(threads)
+    gs = f32(float(grad_scale))
+    lib = _backend.LIB
+    if lib is None:
+        return _fallback.grad_stats(grad, gs, STATS_BLOCK)
+    norm2 = ctypes.c_double(0.0)
+    finite = ctypes.c_int32(0)
+    rc = lib.ga_grad_stats(grad.data_ptr() if n else None, _GRAD_DTYPES[grad.dtype], n, gs, nthreads,
+                           ctypes.byref(norm2), ctypes.byref(finite))
+    if rc != 0:
+        raise RuntimeError(f"ga_grad_stats failed with status {rc}")
+    return norm2.value, bool(finite.value)
+
+
+def stream7(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, d: torch.Tensor,
+            threads: int | None = None) -> None:
+    """Bandwidth probe with Adam's memory pattern (4 fp32 streams read, 3 written): a+=b, c+=b, d+=b."""
+    n = _check("a", a, (torch.float32,), None).numel()
+    for name, t in (("b", b), ("c", c), ("d", d)):
+        _check(name, t, (torch.float32,), n)
+    nthreads = _threads_arg(threads)
+    lib = _backend.LIB
+    if lib is None:
+        a.add_(b)
+        c.add_(b)
+        d.add_(b)
+        return
+    rc = lib.ga_stream7(a.data_ptr(), b.data_ptr(), c.data_ptr(), d.data_ptr(), n, nthreads)
+    if rc != 0:
+        raise RuntimeError(f"ga_stream7 failed with status {rc}")
