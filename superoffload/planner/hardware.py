@@ -48,7 +48,7 @@ class LinkCurve:
     def __post_init__(self) -> None:
         if not self.sizes or len(self.sizes) != len(self.gbps):
             raise ValueError("LinkCurve needs equally long, non-empty sizes and gbps lists")
-        if any(b <= a for a, b in zip(self.sizes, self.sizes[1:])):
+        if any(b <= a for a, b in zip(self.sizes, self.sizes[1:], strict=False)):
             raise ValueError("LinkCurve sizes must be strictly increasing")
         if any(g <= 0 for g in self.gbps):
             raise ValueError("LinkCurve bandwidths must be positive")

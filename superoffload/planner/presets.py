@@ -86,7 +86,8 @@ _X86_MEM_GBPS = 8 * 38.4
 _X86_SCALE = _X86_MEM_GBPS / _GRACE_LPDDR5X_GBPS
 
 
-def _pcie_profile(name: str, peak_flops: float, hbm_bytes: int, hbm_gbps: float, source: str) -> HardwareProfile:
+def _pcie_profile(name: str, peak_flops: float, hbm_bytes: int, hbm_gbps: float,
+                  source: str) -> HardwareProfile:
     return HardwareProfile(
         name=name,
         source=source,

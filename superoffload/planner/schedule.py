@@ -72,6 +72,14 @@ class Schedule:
         return sum(op.duration for op in self.graph.ops
                    if op.resource == resource and (iteration is None or op.iteration == iteration))
 
+    def idle(self, resource: str, t0: float, t1: float) -> float:
+        """Seconds in [t0, t1] during which ``resource`` runs nothing."""
+        covered = 0.0
+        for i, op in enumerate(self.graph.ops):
+            if op.resource == resource:
+                covered += max(0.0, min(self.finish[i], t1) - max(self.start[i], t0))
+        return max(0.0, (t1 - t0) - covered)
+
     def kind_time(self, iteration: int | None = None) -> dict[str, float]:
         out: dict[str, float] = defaultdict(float)
         for op in self.graph.ops:

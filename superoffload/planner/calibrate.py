@@ -1,0 +1,263 @@
+"""`superoffload calibrate`: measure this machine into a HardwareProfile.
+
+With CUDA: H2D/D2H bandwidth vs size (pinned and pageable), bf16 matmul, causal SDPA, casts on both
+sides, event-sync latency and host Adam. Without CUDA the "device" is the CPU itself: matmul runs on
+the CPU, a memcpy stands for the link, the device memory budget is the host's RAM.
+
+Every number is a best-of-N wall-clock measurement (best, because interference only ever slows a
+run down). ``quick`` uses fewer sizes and smaller problems so it finishes in seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import platform
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+import torch
+
+from superoffload.planner.hardware import (
+    ADAM_BYTES_PER_PARAM,
+    CAST_BYTES_PER_ELEM,
+    GB,
+    MB,
+    HardwareProfile,
+    LinkCurve,
+)
+from superoffload.planner.presets import ATTENTION_FACTOR, MATMUL_EFFICIENCY
+
+# Ratios between host Adam kernels from the authors' GraceAdam table (8B row, paper-figures.md §5),
+# used only for a kind this machine cannot run; the profile's notes say which ones were derived.
+_ADAM_RATIO_TO_TORCH = {"torch": 1.0, "cpuadam": 1.834 / 0.769, "graceadam": 1.834 / 0.608}
+
+# Dense bf16 peaks by device-name substring (torchtitan table, reference/ecosystem.md §B); order matters.
+_PEAKS = [("GH200", 989e12), ("H200", 989e12), ("H100 PCIe", 756e12), ("H100 NVL", 835e12),
+          ("H100", 989e12), ("A100", 312e12), ("B200", 2.25e15), ("GB200", 2.5e15)]
+
+
+def _best(fn: Callable[[], None], repeats: int, sync: Callable[[], None] = lambda: None) -> float:
+    fn()  # warm-up: allocator, kernels, page faults
+    sync()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        best = min(best, time.perf_counter() - t0)
+    return max(best, 1e-9)
+
+
+def _matmul_flops(device: str, dtype: torch.dtype, n: int, repeats: int, sync: Callable[[], None]) -> float:
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    return 2.0 * n**3 / _best(lambda: torch.matmul(a, b), repeats, sync)
+
+
+def _attention_factor(device: str, dtype: torch.dtype, quick: bool, matmul: float,
+                      sync: Callable[[], None]) -> float:
+    b, h, s, d = (1, 4, 512, 64) if device == "cpu" else ((2, 16, 2048, 128) if quick else (4, 32, 4096, 128))
+    q, k, v = (torch.randn(b, h, s, d, device=device, dtype=dtype) for _ in range(3))
+    t = _best(lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True), 3, sync)
+    flops = 4.0 * b * h * s * s * d / 2  # QKᵀ and AV, halved by the causal mask
+    return min(1.0, flops / t / matmul)
+
+
+def _adam_rates(quick: bool) -> tuple[dict[str, float], list[str]]:
+    n = 2**21 if quick else 2**24
+    p = torch.randn(n)
+    params = [torch.nn.Parameter(p.clone())]
+    params[0].grad = torch.randn(n)
+    notes: list[str] = []
+    try:
+        opt = torch.optim.AdamW(params, lr=1e-3, fused=True)
+        label = "torch fused AdamW"
+    except (RuntimeError, TypeError):
+        opt = torch.optim.AdamW(params, lr=1e-3)
+        label = "torch AdamW"
+    t = _best(opt.step, 3)
+    rates = {"torch": n * ADAM_BYTES_PER_PARAM / t / GB}
+    notes.append(f"host Adam 'torch' measured with {label} on {n} params")
+    grace = _grace_adam_rate(n)
+    if grace:
+        notes.append(f"host Adam 'graceadam' measured with grace_adam.adam_step on {n} params")
+    rates.update(grace)
+    for kind, ratio in _ADAM_RATIO_TO_TORCH.items():
+        if kind not in rates:
+            rates[kind] = rates["torch"] * ratio
+            notes.append(f"host Adam '{kind}' not measured here: torch rate x {ratio:.2f} (GraceAdam table)")
+    return rates, notes
+
+
+def _grace_adam_rate(n: int) -> dict[str, float]:
+    """GraceAdam's rate if the kernel is importable and its ``adam_step`` takes the usual arguments."""
+    try:
+        import grace_adam  # type: ignore[import-not-found]
+    except ImportError:
+        return {}
+    step = getattr(grace_adam, "adam_step", None)
+    if step is None:
+        return {}
+    p, g, m, v = torch.randn(n), torch.randn(n), torch.zeros(n), torch.zeros(n)
+    try:
+        t = _best(lambda: step(p, g, m, v, step=1, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8,
+                               weight_decay=0.0), 3)
+    except (TypeError, RuntimeError, ValueError):
+        return {}  # API not the one assumed here; fall back to the table ratio
+    return {"graceadam": n * ADAM_BYTES_PER_PARAM / t / GB}
+
+
+def _cast_gbps(device: str, elems: int, sync: Callable[[], None]) -> float:
+    x = torch.randn(elems, device=device).to(torch.bfloat16)
+    return elems * CAST_BYTES_PER_ELEM / _best(lambda: x.float(), 3, sync) / GB
+
+
+def _thread_sync_latency() -> float:
+    """Round trip of a signal to a waiting thread: the CPU-only stand-in for an event wait."""
+    ping, pong = threading.Event(), threading.Event()
+
+    def worker() -> None:
+        for _ in range(50):
+            ping.wait()
+            ping.clear()
+            pong.set()
+
+    th = threading.Thread(target=worker, daemon=True)
+    th.start()
+    best = float("inf")
+    for _ in range(50):
+        t0 = time.perf_counter()
+        ping.set()
+        pong.wait()
+        pong.clear()
+        best = min(best, time.perf_counter() - t0)
+    th.join(timeout=1.0)
+    return best
+
+
+def _host_memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 16 * 2**30
+
+
+def _sizes(quick: bool, top: int) -> list[int]:
+    sizes = [MB * 4**i for i in range(6)]  # 1 MiB .. 1 GiB
+    sizes = [s for s in sizes if s <= top]
+    if not quick:
+        return sizes
+    return sizes[::2] + ([sizes[-1]] if len(sizes) % 2 == 0 else [])
+
+
+def _cpu_profile(quick: bool) -> HardwareProfile:
+    threads = torch.get_num_threads()
+    n = 512 if quick else 2048
+    fp32 = _matmul_flops("cpu", torch.float32, n, 3, lambda: None)
+    bf16 = _matmul_flops("cpu", torch.bfloat16, n, 3, lambda: None)
+    matmul = max(fp32, bf16)
+    mem = _host_memory_bytes()
+    sizes = _sizes(quick, min(256 * MB, mem // 16))
+    gbps = []
+    for s in sizes:
+        src = torch.empty(s, dtype=torch.uint8).fill_(1)
+        dst = torch.empty_like(src)
+        reps = 10 if s <= 16 * MB else (2 if quick else 5)  # small copies are cheap but noisy
+        gbps.append(s / _best(functools.partial(dst.copy_, src), reps) / GB)
+    memcpy = LinkCurve(sizes, gbps)
+    cast = _cast_gbps("cpu", 2**22 if quick else 2**25, lambda: None)
+    adam, notes = _adam_rates(quick)
+    notes.append(f"matmul fp32 {fp32 / 1e9:.1f} GFLOP/s, bf16 {bf16 / 1e9:.1f} GFLOP/s at n={n}, "
+                 f"{threads} torch threads")
+    notes.append("CPU-only profile: device = host, link = memcpy; peak FLOPS = the measured matmul rate")
+    return HardwareProfile(
+        name="cpu-calibrated",
+        source=f"calibrated on {socket.gethostname()} ({platform.machine()}) at "
+               f"{time.strftime('%Y-%m-%dT%H:%M:%S')}" + (" quick" if quick else ""),
+        h2d_pinned=memcpy, d2h_pinned=memcpy, h2d_pageable=memcpy, d2h_pageable=memcpy,
+        device_matmul_flops=matmul, device_peak_flops=matmul,
+        attention_factor=_attention_factor("cpu", torch.float32, quick, fp32, lambda: None),
+        device_hbm_bytes=mem, device_hbm_gbps=2 * max(gbps), device_cast_gbps=cast,
+        host_adam_gbps=adam, host_cores=os.cpu_count() or 1, host_memory_bytes=mem,
+        host_cast_gbps=cast, sync_latency_s=_thread_sync_latency(),
+        device_reserve_bytes=min(2**30, mem // 16), host_reserve_bytes=min(4 * 2**30, mem // 8),
+        device_is_host=True, notes=notes)
+
+
+def _cuda_link(direction: str, pinned: bool, sizes: list[int], repeats: int) -> LinkCurve:
+    sync = torch.cuda.synchronize
+    gbps = []
+    for s in sizes:
+        host = torch.empty(s, dtype=torch.uint8, pin_memory=pinned)
+        dev = torch.empty(s, dtype=torch.uint8, device="cuda")
+        dst, src = (dev, host) if direction == "h2d" else (host, dev)
+        gbps.append(s / _best(functools.partial(dst.copy_, src, non_blocking=pinned), repeats, sync) / GB)
+    return LinkCurve(sizes, gbps)
+
+
+def _cuda_profile(quick: bool) -> HardwareProfile:
+    sync = torch.cuda.synchronize
+    props = torch.cuda.get_device_properties(0)
+    name = torch.cuda.get_device_name(0)
+    sizes = _sizes(quick, 2**30)
+    repeats = 3 if quick else 10
+    links = {f"{d}_{'pinned' if p else 'pageable'}": _cuda_link(d, p, sizes, repeats)
+             for d in ("h2d", "d2h") for p in (True, False)}
+    matmul = _matmul_flops("cuda", torch.bfloat16, 4096 if quick else 8192, repeats, sync)
+    peak = next((v for k, v in _PEAKS if k in name), matmul / MATMUL_EFFICIENCY)
+    try:
+        attention = _attention_factor("cuda", torch.bfloat16, quick, matmul, sync)
+    except RuntimeError:
+        attention = ATTENTION_FACTOR
+    d2d_n = 2**28 if not quick else 2**26
+    a = torch.empty(d2d_n, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    hbm_gbps = 2 * d2d_n / _best(functools.partial(b.copy_, a), repeats, sync) / GB  # reads + writes
+    del a, b
+    ev = torch.cuda.Event()
+
+    def event_roundtrip() -> None:
+        ev.record()
+        ev.synchronize()
+
+    adam, notes = _adam_rates(quick)
+    notes.append(f"device {name}; peak {'from table' if any(k in name for k, _ in _PEAKS) else 'estimated'}")
+    return HardwareProfile(
+        name=f"{name.lower().replace(' ', '-')}-calibrated",
+        source=f"calibrated on {socket.gethostname()} at {time.strftime('%Y-%m-%dT%H:%M:%S')}"
+               + (" quick" if quick else ""),
+        **links, device_matmul_flops=matmul, device_peak_flops=peak, attention_factor=attention,
+        device_hbm_bytes=props.total_memory, device_hbm_gbps=hbm_gbps,
+        device_cast_gbps=_cast_gbps("cuda", 2**26 if quick else 2**28, sync),
+        host_adam_gbps=adam, host_cores=os.cpu_count() or 1, host_memory_bytes=_host_memory_bytes(),
+        host_cast_gbps=_cast_gbps("cpu", 2**22 if quick else 2**26, lambda: None),
+        sync_latency_s=_best(event_roundtrip, 20), notes=notes)
+
+
+def calibrate(out_path: str | os.PathLike[str] | None = None, quick: bool = False) -> HardwareProfile:
+    """Measure this machine; write the profile JSON atomically to ``out_path`` if given."""
+    prof = _cuda_profile(quick) if torch.cuda.is_available() else _cpu_profile(quick)
+    if out_path is not None:
+        prof.save(out_path)
+    return prof
+
+
+def _run(args: argparse.Namespace) -> int:
+    prof = calibrate(args.out, quick=args.quick)
+    d2h = prof.d2h_pinned
+    print(f"{prof.name}: matmul {prof.device_matmul_flops / 1e12:.2f} TFLOP/s, D2H pinned peak "
+          f"{d2h.peak():.1f} GB/s, host Adam {max(prof.host_adam_gbps.values()):.1f} GB/s"
+          + (f" -> {args.out}" if args.out else ""))
+    return 0
+
+
+def add_cli(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``calibrate`` to an argparse sub-command set; the handler is ``args.func(args) -> int``."""
+    p = subparsers.add_parser("calibrate", help="measure this machine into a hardware profile JSON")
+    p.add_argument("--out", default=None, help="write the profile here (atomically)")
+    p.add_argument("--quick", action="store_true", help="fewer sizes and smaller problems (seconds)")
+    p.set_defaults(func=_run)

@@ -1,0 +1,386 @@
+"""The cost model: one training iteration as a data-flow graph, scheduled, turned into a Prediction.
+
+Three iterations are simulated back to back so the next forward waits on the previous step's
+parameter returns exactly as it would in steady state; the step time is the distance between the
+ends of iterations 2 and 3 (iteration 1 starts with all weights already in place).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from superoffload.planner import buckets as bk
+from superoffload.planner.flops import (
+    head_forward_flops,
+    layer_forward_flops,
+    step_hardware_flops,
+    step_model_flops,
+)
+from superoffload.planner.hardware import HardwareProfile
+from superoffload.planner.memory import (
+    ADAM_STATE,
+    BF16,
+    EXACT_EXTRA_HOST_BYTES,
+    FP32,
+    MemoryEstimate,
+    activation_bytes,
+    logits_bytes,
+)
+from superoffload.planner.schedule import COMPUTE, D2H, H2D, HOST, Graph, Schedule, simulate
+from superoffload.planner.systems import Options, SystemSpec, system_spec
+from superoffload.shapes import ModelShape
+
+ITERATIONS = 3
+
+
+@dataclass(frozen=True)
+class Workload:
+    shape: ModelShape
+    seq: int
+    batch: int  # micro-batch (sequences)
+    activation_checkpointing: bool = True
+
+
+@dataclass
+class Prediction:
+    system: str
+    model: str
+    params: int
+    seq: int
+    batch: int
+    grad_accum: int
+    hardware: str
+    step_time_s: float
+    gpu_busy_s: float
+    gpu_idle_s: float
+    tail_s: float  # exposed tail: device idle from the end of backward to the end of the next forward
+    stage_s: dict[str, float]  # busy seconds per stage in one steady-state iteration
+    tokens_per_s: float
+    tflops: float  # model TFLOPS (6N + causal attention, no recompute)
+    mfu: float
+    hfu: float
+    peak_hbm_bytes: float
+    host_bytes: float
+    fits: bool
+    memory: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# ------------------------------------------------------------------------------------------ costs
+class _Costs:
+    """Durations of every op kind for one workload on one profile."""
+
+    def __init__(self, w: Workload, hw: HardwareProfile) -> None:
+        lf = layer_forward_flops(w.shape, w.seq, w.batch)
+        mm = hw.device_matmul_flops
+        self.fwd_layer = lf.matmul / mm + lf.attention / (mm * hw.attention_factor)
+        self.fwd_head = head_forward_flops(w.shape, w.seq, w.batch) / mm
+        self.hw = hw
+
+    def link(self, direction: str, params: float, bytes_per_param: int, real: int,
+             pageable: bool = False) -> float:
+        curve = self.hw.link(direction, pinned=not pageable)
+        return real * curve.seconds(params / real * bytes_per_param)
+
+    def host_cast(self, params: float) -> float:
+        return self.hw.cast_seconds(params, on_host=True)
+
+    def device_cast(self, params: float) -> float:
+        return self.hw.cast_seconds(params, on_host=False)
+
+
+def layer_forward_seconds(w: Workload, hw: HardwareProfile) -> float:
+    return _Costs(w, hw).fwd_layer
+
+
+# ------------------------------------------------------------------------------------------ graph
+@dataclass
+class _IterMarks:
+    first_forward: int = -1
+    last_forward: int = -1
+    last_backward: int = -1
+    end: int = -1
+
+
+class _Builder:
+    def __init__(self, w: Workload, hw: HardwareProfile, spec: SystemSpec) -> None:
+        self.w, self.hw, self.spec = w, hw, spec
+        self.c = _Costs(w, hw)
+        self.g = Graph()
+        bucket = w.shape.block_params() if spec.all_layers_stream else spec.bucket_params
+        self.groups = bk.bucket_groups(w.shape, bucket, spec.tail_buckets)
+        self.layers = w.shape.layers
+        self.stream = set(range(self.layers)) if spec.all_layers_stream else set(spec.flow_layers)
+        self.marks: list[_IterMarks] = []
+
+    # weight fetch for a streamed layer, honouring the prefetch buffer slots
+    def _fetch(self, it: int, layer: int, deps: list[int], slot_users: list[int], tag: str) -> list[int]:
+        s = self.spec
+        params = self.w.shape.block_params()
+        slot_free = slot_users[-s.prefetch_depth] if len(slot_users) >= s.prefetch_depth else None
+        t = self.c.link("h2d", params, s.fetch_bytes, 1)
+        f = self.g.add(f"it{it}.fetch_{tag}{layer}", H2D, t, deps + [slot_free], "weight_fetch", it)
+        if s.fetch_device_cast:
+            t_cast = self.c.device_cast(params)
+            f = self.g.add(f"it{it}.fetchcast{layer}", COMPUTE, t_cast, [f], "device_cast", it)
+        return [f]
+
+    def build(self, iterations: int = ITERATIONS) -> Graph:
+        s, g, L = self.spec, self.g, self.layers
+        ckpt = self.w.activation_checkpointing
+        unit_ready: dict[str, list[int]] = {}  # previous step's ops a unit's next use waits for
+        step_done: int | None = None
+        prev_compute: int | None = None
+        slot_users: list[int] = []
+        for it in range(iterations):
+            marks = _IterMarks()
+
+            def waits(unit: str, done: int | None = step_done, ready: dict = unit_ready) -> list[int]:
+                if done is None:
+                    return []
+                return [done] if s.forward_waits_all else list(ready.get(unit, []))
+
+            iter_ops: list[int] = []
+            for micro in range(s.grad_accum):
+                grad_ready: dict[str, int] = {}
+                last_micro = micro == s.grad_accum - 1
+                first_waits = micro == 0
+                emb_deps = [prev_compute] + (waits(bk.EMB) if first_waits else [])
+                prev = g.barrier(f"it{it}.fwd_emb", emb_deps, it)
+                for i in range(L):
+                    deps = [prev] + (waits(bk.layer_unit(i)) if first_waits and i not in self.stream else [])
+                    if i in self.stream:
+                        fetch_deps = waits(bk.layer_unit(i)) if first_waits else []
+                        deps += self._fetch(it, i, fetch_deps, slot_users, "f")
+                    prev = g.add(f"it{it}.fwd{i}", COMPUTE, self.c.fwd_layer, deps, "forward", it)
+                    if marks.first_forward < 0:
+                        marks.first_forward = prev
+                    if i in self.stream:
+                        slot_users.append(prev)
+                head_waits = waits(bk.FINAL) + (waits(bk.EMB) if self.w.shape.tied_embeddings else [])
+                prev = g.add(f"it{it}.fwd_head", COMPUTE, self.c.fwd_head,
+                             [prev] + (head_waits if first_waits else []), "forward", it)
+                if marks.first_forward < 0:
+                    marks.first_forward = prev
+                if micro == 0:
+                    marks.last_forward = prev
+                prev = g.add(f"it{it}.bwd_head", COMPUTE, 2 * self.c.fwd_head, [prev], "backward", it)
+                grad_ready[bk.FINAL] = prev
+                emitted = self._emit_ready(it, grad_ready, 0, last_micro, iter_ops)
+                for i in reversed(range(L)):
+                    deps = [prev]
+                    if i in self.stream:
+                        deps += self._fetch(it, i, [], slot_users, "b")
+                    if ckpt:
+                        prev = g.add(f"it{it}.rec{i}", COMPUTE, self.c.fwd_layer, deps, "recompute", it)
+                        deps = [prev]
+                    prev = g.add(f"it{it}.bwd{i}", COMPUTE, 2 * self.c.fwd_layer, deps, "backward", it)
+                    if i in self.stream:
+                        slot_users.append(prev)
+                    grad_ready[bk.layer_unit(i)] = prev
+                    emitted = self._emit_ready(it, grad_ready, emitted, last_micro, iter_ops)
+                prev = g.barrier(f"it{it}.bwd_emb", [prev], it)
+                grad_ready[bk.EMB] = prev
+                emitted = self._emit_ready(it, grad_ready, emitted, last_micro, iter_ops)
+                prev_compute = prev
+            marks.last_backward = prev_compute
+            # validation: global norm / finite flag from every bucket's partials
+            validate = g.barrier(f"it{it}.validate", [prev_compute] + self._norm_ops, it)
+            unit_ready, step_ops = self._finish_buckets(it, validate)
+            step_done = g.barrier(f"it{it}.step_done", [validate] + step_ops, it)
+            marks.end = g.barrier(f"it{it}.end", [step_done] + iter_ops, it)
+            self.marks.append(marks)
+        return g
+
+    # -- bucket stages up to the host step --------------------------------------------------------
+    _norm_ops: list[int]
+    _pending: list[dict[str, Any]]
+
+    def _emit_ready(self, it: int, grad_ready: dict[str, int], emitted: int, last_micro: bool,
+                    iter_ops: list[int]) -> int:
+        if emitted == 0:
+            self._norm_ops, self._pending = [], []
+        while emitted < len(self.groups) and self.groups[emitted].last_unit in grad_ready:
+            if last_micro:
+                self._pending.append(self._grad_path(it, emitted, grad_ready[self.groups[emitted].last_unit]))
+            emitted += 1
+        return emitted
+
+    def _grad_path(self, it: int, j: int, ready: int) -> dict[str, Any]:
+        s, g, grp, c = self.spec, self.g, self.groups[j], self.c
+        n, real = grp.params, grp.real_buckets
+        if grp.on_device or s.device_only:
+            return {"j": j, "ready": ready, "device": True}
+        last = ready
+        if s.grad_device_cast:
+            last = g.add(f"it{it}.gcast{j}", COMPUTE, c.device_cast(n), [last], "device_cast", it)
+            self._norm_ops.append(last)
+        last = g.add(f"it{it}.d2h{j}", D2H, c.link("d2h", n, s.grad_d2h_bytes, real), [last], "d2h", it)
+        if s.grad_host_cast:
+            last = g.add(f"it{it}.hcast{j}", HOST, c.host_cast(n), [last], "host_cast", it)
+        return {"j": j, "ready": last, "device": False}
+
+    # -- host step, commit, parameter return, device tail -----------------------------------------
+    def _finish_buckets(self, it: int, validate: int) -> tuple[dict[str, list[int]], list[int]]:
+        s, g, c, hw = self.spec, self.g, self.c, self.hw
+        unit_ready: dict[str, list[int]] = {}
+        step_ops: list[int] = []
+        adams: list[tuple[int, int]] = []
+        for p in self._pending:
+            grp = self.groups[p["j"]]
+            if p["device"]:
+                t = hw.device_adam_seconds(grp.params)
+                op = g.add(f"it{it}.dadam{p['j']}", COMPUTE, t, [p["ready"], validate], "device_adam", it)
+                for unit, _ in grp.pieces:
+                    unit_ready.setdefault(unit, []).append(op)
+                step_ops.append(op)
+                continue
+            deps = [p["ready"]] + ([validate] if s.host_waits_backward else [])
+            t = (hw.host_adam_seconds(grp.params, s.adam_kind, s.spec_extra_bytes)
+                 + grp.real_buckets * hw.sync_latency_s)
+            adam = g.add(f"it{it}.hadam{p['j']}", HOST, t, deps, "host_adam", it)
+            step_ops.append(adam)
+            if s.commit_bytes:
+                commit_t = grp.params * s.commit_bytes / (hw.host_adam_gbps[s.adam_kind] * 1e9)
+                step_ops.append(g.add(f"it{it}.commit{p['j']}", HOST, commit_t, [adam, validate],
+                                      "host_commit", it))
+            adams.append((p["j"], adam))
+        all_adams = g.barrier(f"it{it}.adams_done", [a for _, a in adams] + [validate], it)
+        for j, adam in adams:
+            grp = self.groups[j]
+            streamed = sum(n for u, n in grp.pieces if self._is_streamed(u))
+            resident = grp.params - streamed
+            last = adam
+            if s.return_host_cast:
+                last = g.add(f"it{it}.rcast{j}", HOST, c.host_cast(grp.params), [last], "host_cast", it)
+            for unit, _ in grp.pieces:
+                if self._is_streamed(unit):
+                    unit_ready.setdefault(unit, []).append(last)  # next fetch reads the host copy
+            if s.return_bytes and resident:
+                deps = [last, validate] + ([all_adams] if s.return_after_all else [])
+                t = c.link("h2d", resident, s.return_bytes, grp.real_buckets, pageable=s.return_pageable)
+                if s.return_pageable:
+                    # a pageable copy is staged by the calling host thread: it blocks the host pool too
+                    last = g.add(f"it{it}.h2d{j}", H2D, t, deps, "h2d", it)
+                    step_ops.append(g.add(f"it{it}.h2dwait{j}", HOST, t, deps, "host_copy_wait", it))
+                else:
+                    last = g.add(f"it{it}.h2d{j}", H2D, t, deps, "h2d", it)
+                if s.return_device_cast:
+                    t = c.device_cast(resident)
+                    last = g.add(f"it{it}.rdcast{j}", COMPUTE, t, [last], "device_cast", it)
+                for unit, _ in grp.pieces:
+                    if not self._is_streamed(unit):
+                        unit_ready.setdefault(unit, []).append(last)
+                step_ops.append(last)
+            else:
+                step_ops.append(last)
+        return unit_ready, step_ops
+
+    def _is_streamed(self, unit: str) -> bool:
+        return unit.startswith("L") and int(unit[1:]) in self.stream
+
+
+# ------------------------------------------------------------------------------------------ memory
+def estimate_memory(w: Workload, hw: HardwareProfile, spec: SystemSpec, opts: Options) -> MemoryEstimate:
+    """Itemised peak device and host bytes (see docs/cost_model.md for each term's reasoning)."""
+    sh = w.shape
+    n = sh.total_params()
+    layer = sh.block_params()
+    m = MemoryEstimate()
+    m.device["activations"] = activation_bytes(sh, w.seq, w.batch, w.activation_checkpointing)
+    m.device["logits"] = logits_bytes(sh, w.seq, w.batch)
+    m.device["reserve"] = hw.device_reserve_bytes
+    m.host["reserve"] = hw.host_reserve_bytes
+    if spec.grad_accum > 1 and not spec.device_only:
+        m.device["grad_accum_buffer"] = BF16 * n
+    if spec.device_only:
+        # fp32 params + fp32 grads + Adam m, v, plus autocast's bf16 weight copies kept for backward
+        m.device["params_fp32"] = FP32 * n
+        m.device["grads_fp32"] = FP32 * n
+        m.device["adam_mv"] = 2 * FP32 * n
+        m.device["autocast_bf16_weights"] = BF16 * n
+        return m
+    _, tail = bk.split_params(sh, spec.tail_buckets, spec.bucket_params)
+    streamed = layer * len(spec.flow_layers)
+    if spec.all_layers_stream:
+        # two layers in flight: fp32 staging + bf16 copy, plus one layer's fp32 and bf16 grads
+        m.device["layer_buffers"] = spec.prefetch_depth * layer * (FP32 + BF16) + layer * (FP32 + BF16)
+        m.device["params_bf16_resident"] = BF16 * (n - layer * sh.layers)  # embedding/head stay
+        m.host["params_fp32"] = FP32 * n
+        m.host["grads_fp32"] = FP32 * n
+        m.host["adam_mv"] = 2 * FP32 * n
+        return m
+    m.device["params_bf16"] = BF16 * (n - streamed)
+    if streamed:
+        m.device["flow_prefetch_slots"] = spec.prefetch_depth * BF16 * layer
+        m.host["flow_bf16_copy"] = BF16 * streamed
+    m.device["tail_optimizer_state"] = (ADAM_STATE + BF16) * tail
+    bucket = min(spec.bucket_params, n)
+    m.device["layer_grads_bf16"] = BF16 * layer  # a block's grads before they are bucketed
+    in_flight = 2  # buckets being cast / copied at once
+    m.device["grad_staging"] = in_flight * bucket * (BF16 + (FP32 if spec.grad_device_cast else 0))
+    if spec.return_device_cast:
+        m.device["return_staging"] = in_flight * bucket * FP32
+    host_params = n - tail
+    m.host["master_m_v"] = ADAM_STATE * host_params
+    # gradients stay on the host until validation (speculation may have to redo the step)
+    m.host["grads_fp32"] = FP32 * host_params
+    if spec.name == "superoffload":
+        m.host["exactness"] = EXACT_EXTRA_HOST_BYTES[opts.exact_mode] * host_params if opts.speculation else 0
+        m.host["slabs"] = 2 * in_flight * bucket * FP32
+    return m
+
+
+# ------------------------------------------------------------------------------------------ predict
+def predict(system: str, w: Workload, hw: HardwareProfile, opts: Options | None = None,
+            hbm_budget: float | None = None) -> Prediction:
+    """Predicted steady-state step of ``system`` on ``hw``; ``fits`` says whether memory allows it."""
+    opts = opts or Options()
+    sh = w.shape
+    spec = system_spec(system, opts, sh.total_params())
+    b = _Builder(w, hw, spec)
+    graph = b.build()
+    sched = simulate(graph)
+    return _summarise(system, w, hw, opts, spec, b, sched, hbm_budget)
+
+
+def _summarise(system: str, w: Workload, hw: HardwareProfile, opts: Options, spec: SystemSpec,
+               b: _Builder, sched: Schedule, hbm_budget: float | None) -> Prediction:
+    sh = w.shape
+    it = ITERATIONS - 1
+    t0, t1 = sched.finish[b.marks[it - 1].end], sched.finish[b.marks[it].end]
+    period = t1 - t0
+    busy = period - sched.idle(COMPUTE, t0, t1)  # device work inside the steady-state window
+    # the exposed tail: device idle between the end of backward and the end of the next forward, i.e.
+    # time the device waits for parameters (device Adam in that window is work, not tail)
+    tail = sched.idle(COMPUTE, sched.finish[b.marks[it - 1].last_backward],
+                      sched.finish[b.marks[it].last_forward])
+    tokens = w.seq * w.batch * spec.grad_accum
+    model_flops = step_model_flops(sh, w.seq, tokens)
+    hw_flops = step_hardware_flops(sh, w.seq, w.batch, spec.grad_accum, w.activation_checkpointing)
+    mem = estimate_memory(w, hw, spec, opts)
+    budget = hw.device_hbm_bytes if hbm_budget is None else hbm_budget
+    host_cap = hw.host_memory_bytes
+    if hw.device_is_host:
+        fits = mem.device_total + mem.host_total <= host_cap
+    else:
+        fits = mem.device_total <= budget and mem.host_total <= host_cap
+    stages = {k: v for k, v in sched.kind_time(it).items() if v > 0}
+    return Prediction(
+        system=system, model=sh.name, params=sh.total_params(), seq=w.seq, batch=w.batch,
+        grad_accum=spec.grad_accum, hardware=hw.name, step_time_s=period, gpu_busy_s=busy,
+        gpu_idle_s=max(0.0, period - busy), tail_s=max(0.0, tail), stage_s=stages,
+        tokens_per_s=tokens / period, tflops=model_flops / period / 1e12,
+        mfu=model_flops / period / hw.device_peak_flops, hfu=hw_flops / period / hw.device_peak_flops,
+        peak_hbm_bytes=mem.device_total, host_bytes=mem.host_total, fits=fits, memory=mem.to_dict(),
+        options={"bucket_params": spec.bucket_params, "tail_buckets": spec.tail_buckets,
+                 "adam_kind": spec.adam_kind, "speculation": not spec.host_waits_backward,
+                 "flow_layers": sorted(spec.flow_layers),
+                 "cast": "device" if spec.grad_device_cast else ("host" if spec.grad_host_cast else "none"),
+                 "activation_checkpointing": w.activation_checkpointing},
+        notes=list(spec.notes))

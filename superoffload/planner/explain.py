@@ -1,0 +1,108 @@
+"""`superoffload explain`: print the plan for a model on a machine, the predicted stage times and why."""
+
+from __future__ import annotations
+
+import argparse
+import json as jsonlib
+import sys
+from pathlib import Path
+
+from superoffload.planner.hardware import GB
+from superoffload.planner.plan import Plan, PlanInfeasible, make_plan
+from superoffload.planner.presets import PRESETS, get_profile
+from superoffload.shapes import ModelShape
+
+
+def _shape(model: str | ModelShape) -> ModelShape:
+    if isinstance(model, ModelShape):
+        return model
+    from superoffload.harness.models.zoo import get_shape  # CLI layer: the engine side never imports the zoo
+
+    return get_shape(model)
+
+
+def explain(model: str | ModelShape, seq: int, batch: int, hardware: str | Path = "gh200",
+            activation_checkpointing: bool = True, json: bool = False,
+            hbm_budget: float | None = None) -> str:
+    """The plan as text (or JSON with ``json=True``)."""
+    shape = _shape(model)
+    hw = get_profile(hardware)
+    plan = make_plan(shape, seq, batch, hw, activation_checkpointing=activation_checkpointing,
+                     hbm_budget=hbm_budget)
+    if json:
+        return jsonlib.dumps({"plan": plan.to_dict(), "hardware": hw.to_dict()}, indent=2, sort_keys=True)
+    return format_plan(plan, shape)
+
+
+def _ranges(xs: list[int]) -> str:
+    if not xs:
+        return "none"
+    out, start, prev = [], xs[0], xs[0]
+    for x in xs[1:] + [None]:  # type: ignore[list-item]
+        if x is not None and x == prev + 1:
+            prev = x
+            continue
+        out.append(f"{start}" if start == prev else f"{start}-{prev}")
+        if x is not None:
+            start = prev = x
+    return ",".join(out)
+
+
+def format_plan(plan: Plan, shape: ModelShape) -> str:
+    p = plan.predicted
+    lines = [
+        f"Plan for {shape.name} ({shape.total_params() / 1e9:.2f}B params), seq {plan.seq}, "
+        f"micro-batch {plan.batch}, on {plan.hardware}"
+        f"{'' if plan.activation_checkpointing else ' (no activation checkpointing)'}",
+        "",
+        f"  bucket_size_params   {plan.bucket_size_params:,} "
+        f"({plan.bucket_size_params * 4 / 2**20:.0f} MiB fp32)",
+        f"  device_tail_buckets  {plan.device_tail_buckets}",
+        f"  cast_policy          {plan.cast_policy}",
+        f"  flow_layers          {_ranges(plan.flow_layers)} ({len(plan.flow_layers)} of {shape.layers})",
+        f"  host_adam            {plan.host_adam}",
+        f"  exact_mode           {plan.exact_mode}",
+        f"  speculation          {'on' if plan.speculation else 'off'}",
+    ]
+    if p is not None:
+        lines += [
+            "",
+            "Predicted (steady state, one optimizer step):",
+            f"  step time            {p.step_time_s * 1e3:.1f} ms ({p.tokens_per_s:,.0f} tokens/s)",
+            f"  model TFLOPS         {p.tflops:.0f} (MFU {p.mfu:.1%}, HFU {p.hfu:.1%})",
+            f"  device busy / idle   {p.gpu_busy_s * 1e3:.1f} / {p.gpu_idle_s * 1e3:.1f} ms; "
+            f"exposed tail {p.tail_s * 1e3:.1f} ms",
+            f"  peak HBM             {p.peak_hbm_bytes / GB:.1f} GB of "
+            f"{plan.hbm_budget_bytes / GB:.1f} GB budget",
+            f"  host memory          {p.host_bytes / GB:.1f} GB",
+            "  busy time per stage (resources overlap, so these do not add up to the step):",
+        ]
+        stages = sorted(p.stage_s.items(), key=lambda kv: -kv[1])
+        lines += [f"    {k:<18} {v * 1e3:9.1f} ms" for k, v in stages]
+    lines += ["", "Why:"] + [f"  - {r}" for r in plan.reasons]
+    return "\n".join(lines)
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        print(explain(args.model, args.seq, args.batch, args.hardware,
+                      activation_checkpointing=not args.no_checkpointing, json=args.json,
+                      hbm_budget=args.hbm_budget_gb * GB if args.hbm_budget_gb else None))
+    except PlanInfeasible as e:
+        print(f"infeasible: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def add_cli(subparsers: argparse._SubParsersAction) -> None:
+    """Add ``explain`` to an argparse sub-command set; the handler is ``args.func(args) -> int``."""
+    p = subparsers.add_parser("explain", help="print the planner's choices for a model and why")
+    p.add_argument("--model", default="gpt-13b", help="model zoo name (e.g. gpt-13b, llama3.1-8b)")
+    p.add_argument("--seq", type=int, default=8192)
+    p.add_argument("--batch", type=int, default=1, help="micro-batch (sequences)")
+    p.add_argument("--hardware", default="gh200",
+                   help=f"preset ({', '.join(PRESETS)}) or a profile JSON written by `calibrate`")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument("--no-checkpointing", action="store_true", help="disable activation checkpointing")
+    p.add_argument("--hbm-budget-gb", type=float, default=None, help="override the device memory budget")
+    p.set_defaults(func=_run)

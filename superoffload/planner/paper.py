@@ -1,0 +1,195 @@
+"""Predictions of the paper's single-GH200 results from the cost model, beside the paper's numbers.
+
+Settings follow reference/paper-figures.md ("Figures a reproduction harness should regenerate", §3b,
+§3c, §4). Nothing here is tuned to the paper: the constants are the gh200 preset's (specs and
+microbenchmarks) and the errors are reported as they come out.
+
+Run: ``python -m superoffload.planner.paper`` (markdown table on stdout).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from superoffload.planner.costmodel import Prediction, Workload, predict
+from superoffload.planner.hardware import HardwareProfile
+from superoffload.planner.plan import PlanInfeasible, check_feasible, make_plan
+from superoffload.planner.presets import get_profile
+from superoffload.shapes import ModelShape
+
+FIG10_SIZES = ["1b", "2b", "3b", "4b", "5b", "6b", "7b", "8b", "10b", "12b", "13b", "15b", "20b", "25b"]
+FIG10_SYSTEMS = ["torch", "fsdp_offload", "zero_offload", "zero_infinity", "ds_superoffload", "superoffload"]
+FIG10_SEQ, FIG10_BATCH = 1024, 8  # artifact one_chip.sbatch: seq 1024, global batch 8, checkpointing on
+FIG13_SEQ, FIG13_BATCH = 2048, 1  # artifact model-size runs
+ABLATION_MODEL = "gpt-13b"  # the paper's ablation model is MISSING; a mid-size Fig 10 model, our choice
+
+
+def _shape(label: str) -> ModelShape:
+    from superoffload.harness.models.zoo import get_shape  # the zoo lives on the harness side
+
+    return get_shape(label if label.startswith(("gpt-", "llama", "qwen", "phi")) else f"gpt-{label}")
+
+
+def _row(figure: str, point: str, metric: str, predicted: float | None, paper: float | None,
+         status: str, note: str = "") -> dict[str, Any]:
+    err = None if predicted is None or paper is None else (predicted - paper) / paper
+    return {"figure": figure, "point": point, "metric": metric, "predicted": predicted, "paper": paper,
+            "paper_status": status, "rel_error": err, "note": note}
+
+
+def predict_system(system: str, shape: ModelShape, seq: int, batch: int, hw: HardwareProfile,
+                   activation_checkpointing: bool = True) -> Prediction | None:
+    """One system's prediction, None when it does not fit. SuperOffload runs with its plan."""
+    w = Workload(shape, seq, batch, activation_checkpointing)
+    if system == "superoffload":
+        try:
+            plan = make_plan(shape, seq, batch, hw, activation_checkpointing=activation_checkpointing)
+            return plan.predicted
+        except PlanInfeasible:
+            return None
+    p = predict(system, w, hw)
+    return p if p.fits else None
+
+
+def fig10(hw: HardwareProfile) -> dict[str, dict[str, Prediction | None]]:
+    return {size: {s: predict_system(s, _shape(size), FIG10_SEQ, FIG10_BATCH, hw) for s in FIG10_SYSTEMS}
+            for size in FIG10_SIZES}
+
+
+def largest_model(system: str, hw: HardwareProfile) -> tuple[str | None, int]:
+    """Largest artifact GPT model that fits one chip at the Fig 13 settings (label, params)."""
+    from superoffload.harness.models.zoo import MODELS
+
+    best: tuple[str | None, int] = (None, 0)
+    for name, shape in MODELS.items():
+        if not name.startswith("gpt-") or name in ("gpt-tiny", "gpt-small"):
+            continue
+        if system == "superoffload":
+            try:
+                check_feasible(shape, FIG13_SEQ, FIG13_BATCH, hw)
+                ok = True
+            except PlanInfeasible:
+                ok = False
+        else:
+            ok = predict(system, Workload(shape, FIG13_SEQ, FIG13_BATCH, True), hw).fits
+        if ok and _label_b(name) > _label_b(best[0]):
+            best = (name, shape.total_params())
+    return best
+
+
+def _label_b(name: str | None) -> float:
+    return float(name.removeprefix("gpt-").removesuffix("b")) if name else 0.0
+
+
+def ablation(hw: HardwareProfile, model: str = ABLATION_MODEL) -> list[tuple[str, float]]:
+    """Cumulative stack: baseline -> +GraceAdam -> +casting -> +STV -> +repartitioning (step seconds)."""
+    shape = _shape(model)
+    plan = make_plan(shape, FIG10_SEQ, FIG10_BATCH, hw)
+    w = Workload(shape, FIG10_SEQ, FIG10_BATCH, True)
+    base = replace(plan.options(), host_adam="cpuadam", cast_policy="host", speculation=False,
+                   device_tail_buckets=0)
+    stack = [("baseline", base),
+             ("+GraceAdam", replace(base, host_adam="graceadam")),
+             ("+casting", replace(base, host_adam="graceadam", cast_policy="device")),
+             ("+STV", replace(base, host_adam="graceadam", cast_policy="device", speculation=True))]
+    out = [(name, predict("superoffload", w, hw, o).step_time_s) for name, o in stack]
+    full = make_plan(shape, FIG10_SEQ, FIG10_BATCH, hw, host_adam="graceadam")
+    assert full.predicted is not None
+    out.append(("+repartitioning", full.predicted.step_time_s))
+    return out
+
+
+def _blog_tflops(shape: ModelShape, seq: int, batch: int, step_s: float) -> float:
+    """DeepSpeedExamples formula (paper-figures.md §10): recompute counted, no causal halving."""
+    c = 4  # activation checkpointing on in the shipped scripts
+    per_sample = 2 * c * shape.total_params() * seq + 4 * c * shape.layers * shape.hidden * seq * seq
+    return batch * per_sample / step_s / 1e12
+
+
+def paper_comparison(hardware: str | HardwareProfile = "gh200") -> list[dict[str, Any]]:
+    hw = get_profile(hardware)
+    rows: list[dict[str, Any]] = []
+    f10 = fig10(hw)
+    for size, preds in f10.items():
+        for system, p in preds.items():
+            rows.append(_row("fig10", f"gpt-{size} {system}", "model_tflops",
+                             None if p is None else round(p.tflops, 1), None, "missing",
+                             "OOM" if p is None else ""))
+    # (d) SuperOffload / ZeRO-Offload
+    ratios = [(s, f10[s]["superoffload"].step_time_s, f10[s]["zero_offload"].step_time_s)  # type: ignore[union-attr]
+              for s in FIG10_SIZES if f10[s]["superoffload"] and f10[s]["zero_offload"]]
+    r = [zo / so for _, so, zo in ratios]
+    if r:
+        rows.append(_row("abstract", "fig10 sweep, max", "superoffload/zero_offload", round(max(r), 2),
+                         2.5, "V", "paper: 'up to 2.5x' vs SOTA offloading; its setting is MISSING"))
+        rows.append(_row("fig10", "fig10 sweep, mean", "superoffload/zero_offload",
+                         round(sum(r) / len(r), 2), 2.0, "S", "'~2x average over ZeRO-Offload' (S9)"))
+    # GPU utilisation claim (~50% -> >80%)
+    mid = f10["13b"]
+    for system, paper in (("zero_offload", 0.5), ("superoffload", 0.8)):
+        p = mid[system]
+        if p is not None:
+            rows.append(_row("blog fig2", f"gpt-13b {system}", "gpu_busy_fraction",
+                             round(p.gpu_busy_s / p.step_time_s, 3), paper, "V",
+                             "'~50% -> >80%'; busy = device compute time / step"))
+    # (b) largest model on one chip
+    fig13_paper = (("superoffload", 25.0, "V"), ("zero_offload", 15.0, "S"), ("torch", 3.5, "S"),
+                   ("zero_infinity", None, "missing"), ("fsdp_offload", None, "missing"),
+                   ("ds_superoffload", None, "missing"))
+    for system, paper, status in fig13_paper:
+        name, params = largest_model(system, hw)
+        rows.append(_row("fig13", f"1 chip {system}", "largest_model_B", _label_b(name) if name else None,
+                         paper, status, f"{name} ({params / 1e9:.2f}B actual)" if name else "nothing fits"))
+    # (c) cumulative ablation
+    abl = ablation(hw)
+    paper_f = {"+GraceAdam": 1.104, "+casting": 1.127, "+STV": 1.45, "+repartitioning": 1.141}
+    for (_, prev), (name, t) in zip(abl, abl[1:], strict=False):
+        rows.append(_row("ablation", f"{ABLATION_MODEL} {name}", "speedup_vs_previous", round(prev / t, 3),
+                         paper_f[name], "S"))
+    rows.append(_row("ablation", f"{ABLATION_MODEL} total", "speedup_vs_baseline",
+                     round(abl[0][1] / abl[-1][1], 3), 2.06, "S"))
+    # blog: up to 600 TFLOPS (seq 4K, batch 4) on Qwen3-14B / Phi-4, DeepSpeedExamples formula
+    best = 0.0
+    for model in ("qwen3-14b", "phi-4"):
+        shape = _shape(model)
+        p = predict_system("superoffload", shape, 4096, 4, hw)
+        if p is not None:
+            best = max(best, _blog_tflops(shape, 4096, 4, p.step_time_s))
+    rows.append(_row("blog fig1", "qwen3-14b/phi-4 seq 4096 batch 4, max", "blog_formula_tflops",
+                     round(best, 1) if best else None, 600.0, "V", "recompute counted (HFU-like)"))
+    return rows
+
+
+def format_table(rows: list[dict[str, Any]], include_missing: bool = False) -> str:
+    lines = ["| figure | point | metric | predicted | paper | status | rel. error | note |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r["paper"] is None and not include_missing:
+            continue
+        err = "" if r["rel_error"] is None else f"{r['rel_error']:+.1%}"
+        pred = "" if r["predicted"] is None else f"{r['predicted']:g}"
+        paper = "" if r["paper"] is None else f"{r['paper']:g}"
+        lines.append(f"| {r['figure']} | {r['point']} | {r['metric']} | {pred} | {paper} "
+                     f"| {r['paper_status']} | {err} | {r['note']} |")
+    return "\n".join(lines)
+
+
+def fig10_table(rows: list[dict[str, Any]]) -> str:
+    """Fig 10 predictions as a model x system grid (paper values MISSING)."""
+    grid: dict[str, dict[str, str]] = {}
+    for r in rows:
+        if r["figure"] == "fig10" and r["metric"] == "model_tflops":
+            model, system = r["point"].split(" ")
+            grid.setdefault(model, {})[system] = "OOM" if r["predicted"] is None else f"{r['predicted']:.0f}"
+    lines = ["| model | " + " | ".join(FIG10_SYSTEMS) + " |", "|---" * (len(FIG10_SYSTEMS) + 1) + "|"]
+    for model, cells in grid.items():
+        lines.append(f"| {model} | " + " | ".join(cells.get(s, "") for s in FIG10_SYSTEMS) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    rows = paper_comparison()
+    print(format_table(rows))
+    print()
+    print(fig10_table(rows))

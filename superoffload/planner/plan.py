@@ -1,0 +1,269 @@
+"""The planner: choose the SuperOffload engine's knobs for one model, workload and machine.
+
+Every choice is made by the cost model (``costmodel.predict``) or by a memory bound, and each one
+leaves a sentence with its numbers in ``Plan.reasons``. The engine consumes
+``bucket_size_params``, ``device_tail_buckets``, ``cast_policy`` and ``flow_layers``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from superoffload.planner import buckets as bk
+from superoffload.planner.costmodel import (
+    Prediction,
+    Workload,
+    estimate_memory,
+    layer_forward_seconds,
+    predict,
+)
+from superoffload.planner.hardware import GB, MB, HardwareProfile
+from superoffload.planner.memory import ADAM_STATE, BF16, EXACT_EXTRA_HOST_BYTES, act_bytes_per_token
+from superoffload.planner.systems import Options, system_spec
+from superoffload.shapes import ModelShape
+
+LINK_SATURATION = 0.90  # bucket = smallest transfer reaching this share of the link's peak
+MIN_BUCKETS = 16  # keep at least this many buckets so transfers and host steps pipeline
+STAGING_SHARE = 0.05  # bucket staging buffers may use at most this share of the HBM budget
+TAIL_STATE_BYTES = ADAM_STATE + BF16  # fp32 master, m, v + the bf16 gradient, per tail param
+
+
+class PlanInfeasible(ValueError):
+    """The request cannot fit; the message gives bytes needed vs available and what would help."""
+
+
+@dataclass
+class Plan:
+    model: str
+    seq: int
+    batch: int
+    hardware: str
+    activation_checkpointing: bool
+    bucket_size_params: int
+    device_tail_buckets: int
+    cast_policy: str
+    flow_layers: list[int]
+    host_adam: str
+    exact_mode: str
+    speculation: bool
+    hbm_budget_bytes: float
+    grad_accum: int = 1
+    predicted: Prediction | None = None
+    reasons: list[str] = field(default_factory=list)
+
+    def options(self) -> Options:
+        return Options(speculation=self.speculation, device_tail_buckets=self.device_tail_buckets,
+                       bucket_size_params=self.bucket_size_params, cast_policy=self.cast_policy,
+                       host_adam=self.host_adam, flow_layers=tuple(self.flow_layers),
+                       exact_mode=self.exact_mode, grad_accum=self.grad_accum)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["predicted"] = self.predicted.to_dict() if self.predicted else None
+        return d
+
+
+def _gb(x: float) -> str:
+    return f"{x / GB:.1f} GB"
+
+
+def best_host_adam(hw: HardwareProfile) -> str:
+    return max(hw.host_adam_gbps, key=lambda k: hw.host_adam_gbps[k])
+
+
+def saturating_bucket_bytes(hw: HardwareProfile, share: float = LINK_SATURATION) -> int:
+    """Smallest transfer size whose D2H and H2D bandwidth both reach ``share`` of their peaks."""
+    size = 1.0 * MB
+    while size < 16 * 2**30:
+        if all(hw.link(d).bandwidth(size) >= share * hw.link(d).peak() for d in ("d2h", "h2d")):
+            return int(size)
+        size *= 2 ** 0.125
+    return int(size)
+
+
+def make_plan(shape: ModelShape, seq: int, batch: int, hardware: HardwareProfile,
+              activation_checkpointing: bool = True, hbm_budget: float | None = None,
+              grad_accum: int = 1, host_adam: str | None = None) -> Plan:
+    """Choose flow layers, bucket size, device tail, casting policy and exactness mode."""
+    hw = hardware
+    w = Workload(shape, seq, batch, activation_checkpointing)
+    budget = float(hw.device_hbm_bytes if hbm_budget is None else hbm_budget)
+    n = shape.total_params()
+    reasons: list[str] = []
+    kind = host_adam or best_host_adam(hw)
+    reasons.append(f"Host Adam kernel: {kind} at {hw.host_adam_gbps[kind]:.0f} GB/s effective "
+                   f"({hw.host_adam_gbps[kind] * 1e9 / 28 / 1e9:.2f} Gparam/s at 28 B/param).")
+
+    # 1. bucket size from the link curve, bounded by pipelining and staging memory
+    sat = saturating_bucket_bytes(hw)
+    bucket = max(1, sat // 4)  # fp32 gradient elements (device-cast policy moves 4 B/param)
+    bound_pipe = max(1, n // MIN_BUCKETS)
+    bound_mem = max(1, int(STAGING_SHARE * budget / (2 * (BF16 + 4) + 2 * 4)))
+    chosen = min(bucket, bound_pipe, bound_mem)
+    reasons.append(
+        f"Bucket: {sat / MB:.0f} MiB is the smallest copy reaching {LINK_SATURATION:.0%} of the link peak "
+        f"(D2H {hw.link('d2h').peak():.0f} GB/s, {hw.link('d2h').bandwidth(sat):.0f} GB/s at that size) "
+        f"= {bucket / 1e6:.1f}M fp32 params"
+        + (f"; capped to {chosen / 1e6:.1f}M so there are >= {MIN_BUCKETS} buckets and staging stays "
+           f"under {STAGING_SHARE:.0%} of HBM" if chosen < bucket else "") + ".")
+    bucket = chosen
+
+    # 2. host memory and exactness mode
+    opts = Options(bucket_size_params=bucket, host_adam=kind, grad_accum=grad_accum)
+    exact = _choose_exact_mode(w, hw, opts, reasons)
+    opts = replace(opts, exact_mode=exact)
+
+    # 3. flow layers if HBM forces them
+    flow = _choose_flow(w, hw, opts, budget, reasons)
+    opts = replace(opts, flow_layers=tuple(flow))
+
+    # 4. casting policy, by the cost model
+    preds = {c: predict("superoffload", w, hw, replace(opts, cast_policy=c)) for c in ("device", "host")}
+    cast = min(preds, key=lambda c: (preds[c].step_time_s, c != "device"))
+    link_bw = hw.link("d2h").bandwidth(sat)
+    # bytes / (GB/s) is nanoseconds; x1e3 gives picoseconds per parameter
+    dev_ps = (6 / hw.device_cast_gbps + 4 / link_bw) * 1e3
+    host_ps = (2 / link_bw + 6 / hw.host_cast_gbps) * 1e3
+    reasons.append(
+        f"Casting: {cast}. Per gradient param, device cast + fp32 copy costs {dev_ps:.1f} ps "
+        f"(cast {hw.device_cast_gbps:.0f} GB/s, link {link_bw:.0f} GB/s) vs bf16 copy + "
+        f"host cast {host_ps:.1f} ps (host cast {hw.host_cast_gbps:.0f} GB/s, on the pool that also runs "
+        f"Adam); predicted step {preds['device'].step_time_s * 1e3:.1f} ms (device) vs "
+        f"{preds['host'].step_time_s * 1e3:.1f} ms (host).")
+    opts = replace(opts, cast_policy=cast)
+
+    # 5. device tail buckets: minimise the step under the HBM budget
+    tail, pred = _choose_tail(w, hw, opts, budget, reasons)
+    opts = replace(opts, device_tail_buckets=tail)
+    return Plan(model=shape.name, seq=seq, batch=batch, hardware=hw.name,
+                activation_checkpointing=activation_checkpointing, bucket_size_params=bucket,
+                device_tail_buckets=tail, cast_policy=cast, flow_layers=list(flow), host_adam=kind,
+                exact_mode=exact, speculation=True, hbm_budget_bytes=budget, grad_accum=grad_accum,
+                predicted=pred, reasons=reasons)
+
+
+def check_feasible(shape: ModelShape, seq: int, batch: int, hardware: HardwareProfile,
+                   activation_checkpointing: bool = True, hbm_budget: float | None = None,
+                   grad_accum: int = 1) -> None:
+    """Raise PlanInfeasible if no plan fits memory (the memory half of ``make_plan``, no simulation)."""
+    hw = hardware
+    w = Workload(shape, seq, batch, activation_checkpointing)
+    budget = float(hw.device_hbm_bytes if hbm_budget is None else hbm_budget)
+    bucket = min(max(1, saturating_bucket_bytes(hw) // 4), max(1, shape.total_params() // MIN_BUCKETS))
+    opts = Options(bucket_size_params=bucket, host_adam=best_host_adam(hw), grad_accum=grad_accum)
+    reasons: list[str] = []
+    opts = replace(opts, exact_mode=_choose_exact_mode(w, hw, opts, reasons))
+    _choose_flow(w, hw, opts, budget, reasons)
+
+
+def _device_need(w: Workload, hw: HardwareProfile, opts: Options) -> float:
+    spec = system_spec("superoffload", opts, w.shape.total_params())
+    return estimate_memory(w, hw, spec, opts).device_total
+
+
+def _host_need(w: Workload, hw: HardwareProfile, opts: Options) -> float:
+    spec = system_spec("superoffload", opts, w.shape.total_params())
+    return estimate_memory(w, hw, spec, opts).host_total
+
+
+def _host_capacity(w: Workload, hw: HardwareProfile, opts: Options) -> float:
+    # on a CPU-only machine host and "device" share one memory
+    return hw.host_memory_bytes - (_device_need(w, hw, opts) if hw.device_is_host else 0.0)
+
+
+def _choose_exact_mode(w: Workload, hw: HardwareProfile, opts: Options, reasons: list[str]) -> str:
+    cap = _host_capacity(w, hw, opts)
+    for mode in ("undo", "deferred"):
+        need = _host_need(w, hw, replace(opts, exact_mode=mode))
+        if need <= cap:
+            reasons.append(
+                f"Exactness: '{mode}' ({EXACT_EXTRA_HOST_BYTES[mode]} B/param extra host memory); host needs "
+                f"{_gb(need)} of {_gb(cap)}" + (" ('undo' did not fit)." if mode == "deferred" else "."))
+            return mode
+    need = _host_need(w, hw, replace(opts, exact_mode="deferred"))
+    per_param = need / max(1, w.shape.total_params())
+    raise PlanInfeasible(
+        f"{w.shape.name}: host memory needs {need:.3e} bytes ({_gb(need)}, ~{per_param:.1f} B/param for fp32 "
+        f"master, Adam m and v and gradients) but {hw.name} has {cap:.3e} bytes ({_gb(cap)}) usable. "
+        f"It would fit with a model of at most ~{cap / per_param / 1e9:.1f}B params or more host memory.")
+
+
+def _choose_flow(w: Workload, hw: HardwareProfile, opts: Options, budget: float,
+                 reasons: list[str]) -> list[int]:
+    sh = w.shape
+    need = _device_need(w, hw, opts)
+    if need <= budget:
+        reasons.append(f"Weights: all {sh.layers} layers weight-stationary; HBM needs {_gb(need)} of "
+                       f"{_gb(budget)} budget.")
+        return []
+    layer = sh.block_params()
+    per_layer_saving = BF16 * layer
+    slots = opts.prefetch_depth * BF16 * layer
+    k = math.ceil((need - budget + slots) / per_layer_saving)
+    if k > sh.layers or _device_need(w, hw, replace(opts, flow_layers=tuple(range(sh.layers)))) > budget:
+        _raise_hbm(w, hw, opts, budget)
+    flow = list(range(sh.layers - k, sh.layers))
+    while _device_need(w, hw, replace(opts, flow_layers=tuple(flow))) > budget and len(flow) < sh.layers:
+        flow.insert(0, flow[0] - 1)
+    t_fetch = hw.link("h2d").seconds(BF16 * layer)
+    t_fwd = layer_forward_seconds(w, hw)
+    hides = t_fetch <= t_fwd
+    reasons.append(
+        f"Weights: HBM would need {_gb(need)} > {_gb(budget)}; {len(flow)} of {sh.layers} layers flow "
+        f"(the last ones: their host step finishes first), saving {_gb(BF16 * layer * len(flow))}. "
+        f"A layer's bf16 fetch takes {t_fetch * 1e3:.2f} ms vs {t_fwd * 1e3:.2f} ms of forward compute, "
+        + ("so the prefetch hides." if hides else "so the prefetch is EXPOSED (needed to fit anyway)."))
+    return flow
+
+
+def _raise_hbm(w: Workload, hw: HardwareProfile, opts: Options, budget: float) -> None:
+    sh = w.shape
+    all_flow = replace(opts, flow_layers=tuple(range(sh.layers)))
+    need = _device_need(w, hw, all_flow)
+    per_seq = act_bytes_per_token(sh) * w.seq
+    hints = [f"every layer already flowing still needs {need:.3e} bytes"]
+    if w.batch > 1:
+        per_seq_total = per_seq * (3 if w.activation_checkpointing else sh.layers)
+        hints.append(f"a smaller micro-batch (each sequence costs ~{_gb(per_seq_total)} of activations)")
+    if not w.activation_checkpointing:
+        ck = _device_need(replace(w, activation_checkpointing=True), hw, all_flow)
+        hints.append(f"activation checkpointing (recompute) would need {_gb(ck)}")
+    hints.append("a shorter sequence or a larger HBM budget")
+    raise PlanInfeasible(
+        f"{sh.name} seq {w.seq} batch {w.batch}: device memory needs {need:.3e} bytes ({_gb(need)}) but the "
+        f"budget is {budget:.3e} bytes ({_gb(budget)}). Would help: " + "; ".join(hints) + ".")
+
+
+def _choose_tail(w: Workload, hw: HardwareProfile, opts: Options, budget: float,
+                 reasons: list[str]) -> tuple[int, Prediction]:
+    n_buckets = math.ceil(w.shape.total_params() / opts.bucket_size_params)
+    free = budget - _device_need(w, hw, opts)
+    max_tail = max(0, min(n_buckets, int(free // (TAIL_STATE_BYTES * opts.bucket_size_params))))
+    while max_tail and _device_need(w, hw, replace(opts, device_tail_buckets=max_tail)) > budget:
+        max_tail -= 1
+    cache: dict[int, Prediction] = {}
+
+    def run(t: int) -> Prediction:
+        if t not in cache:
+            cache[t] = predict("superoffload", w, hw, replace(opts, device_tail_buckets=t))
+        return cache[t]
+
+    grid = sorted({round(max_tail * i / 8) for i in range(9)})
+    for t in grid:
+        run(t)
+    best = min(cache, key=lambda t: (cache[t].step_time_s, t))
+    step = max(1, max_tail // 8)
+    for t in range(max(0, best - step), min(max_tail, best + step) + 1, max(1, step // 4)):
+        run(t)
+    best = min(cache, key=lambda t: (round(cache[t].step_time_s, 9), t))
+    p0, pb = cache[0], cache[best]
+    _, tail_params = bk.split_params(w.shape, best, opts.bucket_size_params)
+    reasons.append(
+        f"Device tail: {best} bucket(s) ({tail_params / 1e6:.0f}M params, "
+        f"{_gb(TAIL_STATE_BYTES * tail_params)} of HBM; room for up to {max_tail}) keep their Adam on the "
+        f"device. Exposed tail "
+        f"{p0.tail_s * 1e3:.1f} ms -> {pb.tail_s * 1e3:.1f} ms, step {p0.step_time_s * 1e3:.1f} ms -> "
+        f"{pb.step_time_s * 1e3:.1f} ms; device idle {pb.gpu_idle_s * 1e3:.1f} ms per step.")
+    return best, pb

@@ -1,0 +1,150 @@
+"""What each modelled system does with a gradient bucket, as a small declarative spec.
+
+The graph builder (``costmodel``) knows one pipeline: device cast -> D2H -> host cast -> host Adam ->
+(commit) -> host cast -> H2D -> device cast, plus device Adam for tail buckets and per-layer weight
+fetches. A ``SystemSpec`` switches its stages on and off and says what waits for what. Behaviour of
+the peers is taken from reference/deepspeed-superoffload.md, reference/ecosystem.md §A and the
+artifact configs (paper-figures.md §2c); where it is inferred rather than read, the comment says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+SYSTEMS = ("superoffload", "zero_offload", "zero_infinity", "fsdp_offload", "ds_superoffload", "torch")
+CAST_POLICIES = ("device", "host")
+ADAM_KINDS = ("graceadam", "cpuadam", "torch")
+EXACT_MODES = ("undo", "deferred", "copy", "none")
+
+# Extra host traffic per param that exactness costs (DESIGN.md "Exactness"): the undo record writes
+# a few bytes in the same pass; the full copy writes p, m, v once more; the deferred commit is a second
+# pass after validation (read p, m, v, g... -> write p, m, v: ~16 B/param more, off the critical path).
+EXACT_SPEC_EXTRA = {"undo": 2.0, "copy": 12.0, "deferred": 0.0, "none": 0.0}
+EXACT_COMMIT_BYTES = {"undo": 0.0, "copy": 0.0, "deferred": 16.0, "none": 0.0}
+
+DEEPSPEED_REDUCE_BUCKET = 500_000_000  # DeepSpeed default reduce_bucket_size (elements)
+ARTIFACT_PRISM_BUCKET = 600_000_000  # artifact prism config: reduce_bucket_size = sub_group_size = 6e8
+ARTIFACT_PRISM_RATIO = 0.90  # artifact prism config `ratio`
+
+
+@dataclass
+class Options:
+    """Knobs. The SuperOffload engine reads the first group; the rest configure peers."""
+
+    speculation: bool = True
+    device_tail_buckets: int = 0
+    bucket_size_params: int = 8 * 2**20
+    cast_policy: str = "device"
+    host_adam: str = "graceadam"
+    flow_layers: tuple[int, ...] = ()
+    exact_mode: str = "undo"
+    prefetch_depth: int = 2
+    grad_accum: int = 1
+    # peers
+    clipping: bool = True  # gradient clipping on: DeepSpeed super_offload then does not speculate
+    ds_ratio: float = ARTIFACT_PRISM_RATIO
+    ds_bucket_params: int = ARTIFACT_PRISM_BUCKET
+    zero_bucket_params: int = DEEPSPEED_REDUCE_BUCKET
+
+    def validate(self) -> None:
+        if self.cast_policy not in CAST_POLICIES:
+            raise ValueError(f"cast_policy must be one of {CAST_POLICIES}")
+        if self.host_adam not in ADAM_KINDS:
+            raise ValueError(f"host_adam must be one of {ADAM_KINDS}")
+        if self.exact_mode not in EXACT_MODES:
+            raise ValueError(f"exact_mode must be one of {EXACT_MODES}")
+        if self.device_tail_buckets < 0 or self.bucket_size_params <= 0 or self.grad_accum < 1:
+            raise ValueError("device_tail_buckets >= 0, bucket_size_params > 0, grad_accum >= 1")
+        if self.prefetch_depth < 1:
+            raise ValueError("prefetch_depth must be >= 1")
+
+
+@dataclass
+class SystemSpec:
+    name: str
+    bucket_params: int
+    tail_buckets: int
+    adam_kind: str
+    grad_d2h_bytes: int  # bytes/param on the link
+    grad_device_cast: bool  # cast bf16 -> fp32 on the device before D2H
+    grad_host_cast: bool  # D2H bf16, cast to fp32 on the host pool
+    host_waits_backward: bool  # host step only after validation (no speculation)
+    spec_extra_bytes: float = 0.0  # extra host bytes/param in the step pass (exactness, fused casts)
+    commit_bytes: float = 0.0  # a separate commit pass after validation, bytes/param
+    return_bytes: int = 2  # H2D bytes/param of the updated parameters (0: no return)
+    return_host_cast: bool = False  # separate host cast pass before the upload
+    return_device_cast: bool = False  # fp32 upload, cast to bf16 on the device
+    return_pageable: bool = False  # upload from a pageable temporary (blocks the host thread)
+    return_after_all: bool = False  # uploads start only after every host step (serial write-back)
+    forward_waits_all: bool = False  # next forward waits for the whole step (vs per layer)
+    flow_layers: frozenset[int] = field(default_factory=frozenset)
+    fetch_bytes: int = 2  # H2D bytes/param of a streamed layer
+    fetch_device_cast: bool = False
+    all_layers_stream: bool = False  # FSDP offload: every layer fetched for forward and backward
+    device_only: bool = False  # torch: no host at all
+    prefetch_depth: int = 2
+    grad_accum: int = 1
+    notes: list[str] = field(default_factory=list)
+
+
+def system_spec(system: str, opts: Options, total_params: int) -> SystemSpec:
+    opts.validate()
+    if system == "superoffload":
+        device_cast = opts.cast_policy == "device"
+        fused_return_cast = not device_cast and opts.host_adam == "graceadam"
+        spec_extra = (EXACT_SPEC_EXTRA[opts.exact_mode] if opts.speculation else 0.0)
+        return SystemSpec(
+            name=system, bucket_params=opts.bucket_size_params, tail_buckets=opts.device_tail_buckets,
+            adam_kind=opts.host_adam,
+            grad_d2h_bytes=4 if device_cast else 2, grad_device_cast=device_cast,
+            grad_host_cast=not device_cast,
+            host_waits_backward=not opts.speculation,
+            # GraceAdam writes the bf16 upload copy in the same pass (+2 B) under the host policy
+            spec_extra_bytes=spec_extra + (2.0 if fused_return_cast else 0.0),
+            commit_bytes=EXACT_COMMIT_BYTES[opts.exact_mode] if opts.speculation else 0.0,
+            return_bytes=4 if device_cast else 2, return_device_cast=device_cast,
+            return_host_cast=not device_cast and not fused_return_cast,
+            flow_layers=frozenset(opts.flow_layers), prefetch_depth=opts.prefetch_depth,
+            grad_accum=opts.grad_accum)
+    if system == "ds_superoffload":
+        # ZeRO-3 sub-groups; the first (1 - ratio) share in flat order (= last in backward) stays on the
+        # GPU. Since DeepSpeed PR #7906 the CPU step overlaps backward only without clipping. Grads are
+        # cast with .float() on the GPU and copied fp32 [A]. Parameters return serially at the end
+        # through copy_(fp32 cpu -> bf16 gpu), which casts on the CPU into a pageable temporary
+        # [inferred from PyTorch copy_ semantics].
+        n_buckets = max(1, round(total_params / opts.ds_bucket_params))
+        tail = int((1.0 - opts.ds_ratio) * n_buckets)
+        return SystemSpec(
+            name=system, bucket_params=opts.ds_bucket_params, tail_buckets=tail, adam_kind="cpuadam",
+            grad_d2h_bytes=4, grad_device_cast=True, grad_host_cast=False,
+            host_waits_backward=opts.clipping,
+            return_bytes=2, return_host_cast=True, return_pageable=True, return_after_all=True,
+            forward_waits_all=True, grad_accum=opts.grad_accum,
+            notes=["speculation " + ("off (clipping on)" if opts.clipping else "on (clipping off)")])
+    if system in ("zero_offload", "zero_infinity"):
+        # ZeRO-2 (zero_offload) / ZeRO-3 with resident params (zero_infinity as the artifact configures
+        # it): gradients stream to the host during backward (copy_ bf16 gpu -> fp32 cpu casts on the
+        # GPU [inferred]); DeepSpeed CPU-Adam runs after backward; parameters return through the
+        # same pageable copy_ path; the next forward starts after the whole step.
+        return SystemSpec(
+            name=system, bucket_params=opts.zero_bucket_params, tail_buckets=0, adam_kind="cpuadam",
+            grad_d2h_bytes=4, grad_device_cast=True, grad_host_cast=False, host_waits_backward=True,
+            return_bytes=2, return_host_cast=True, return_pageable=True,
+            return_after_all=system == "zero_offload",  # ZeRO-3 copies back per sub-group
+            forward_waits_all=True, grad_accum=opts.grad_accum)
+    if system == "fsdp_offload":
+        # FSDP2 + CPUOffloadPolicy: fp32 sharded params live on the host; each layer is copied H2D
+        # (fp32) and cast for forward and again for backward (reshard after forward); fp32 grads are
+        # copied D2H per layer; torch's CPU AdamW runs after backward; nothing returns.
+        layer = 1  # buckets are per layer; size set by the builder from the shape
+        return SystemSpec(
+            name=system, bucket_params=layer, tail_buckets=0, adam_kind="torch",
+            grad_d2h_bytes=4, grad_device_cast=True, grad_host_cast=False, host_waits_backward=True,
+            return_bytes=0, forward_waits_all=True, all_layers_stream=True, fetch_bytes=4,
+            fetch_device_cast=True, prefetch_depth=opts.prefetch_depth, grad_accum=opts.grad_accum)
+    if system == "torch":
+        return SystemSpec(name=system, bucket_params=max(1, total_params), tail_buckets=1,
+                          adam_kind="torch", grad_d2h_bytes=0, grad_device_cast=False,
+                          grad_host_cast=False, host_waits_backward=True, return_bytes=0,
+                          forward_waits_all=True, device_only=True, grad_accum=opts.grad_accum)
+    raise ValueError(f"unknown system {system!r}; choose one of {', '.join(SYSTEMS)}")

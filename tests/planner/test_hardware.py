@@ -1,0 +1,54 @@
+"""Profiles: presets, link curves, JSON round trip."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from superoffload.planner.hardware import GB, HardwareProfile, LinkCurve
+from superoffload.planner.presets import PRESETS, get_profile
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_preset_round_trips_through_json(name: str, tmp_path) -> None:
+    prof = get_profile(name)
+    path = tmp_path / f"{name}.json"
+    prof.save(path)
+    assert HardwareProfile.load(path) == prof
+    assert get_profile(str(path)) == prof
+    json.loads(path.read_text())  # plain JSON
+    assert not list(tmp_path.glob(".*.tmp"))  # atomic write left no temporary behind
+
+
+def test_link_curve_interpolates_in_log_size() -> None:
+    c = LinkCurve([2**20, 2**24], [10.0, 50.0])
+    assert c.bandwidth(2**22) == pytest.approx(30.0)  # log-midpoint
+    assert c.bandwidth(1) == 10.0 and c.bandwidth(2**40) == 50.0  # clamped
+    assert c.seconds(2**24) == pytest.approx(2**24 / (50.0 * GB))
+
+
+def test_latency_bandwidth_curve_approaches_peak() -> None:
+    c = LinkCurve.latency_bandwidth(100.0, 10e-6)
+    assert c.gbps == sorted(c.gbps)
+    assert c.gbps[-1] == pytest.approx(100.0, rel=0.01)
+    assert c.gbps[0] < 60.0
+
+
+def test_gh200_preset_uses_the_specs() -> None:
+    p = get_profile("gh200")
+    assert p.device_peak_flops == 989e12
+    assert p.h2d_pinned.peak() < 450.0  # never above the 450 GB/s per-direction spec
+    assert p.host_cores == 72
+    # the GraceAdam table: 8e9 params in 0.608 s
+    assert p.host_adam_seconds(8e9, "graceadam") == pytest.approx(0.608)
+    assert p.host_adam_seconds(8e9, "torch") == pytest.approx(1.834)
+    assert math.isclose(p.host_adam_gbps["graceadam"] / p.host_adam_gbps["cpuadam"], 0.769 / 0.608)
+
+
+def test_unknown_hardware_is_an_error() -> None:
+    with pytest.raises(ValueError, match="unknown hardware"):
+        get_profile("tpu-v9")
+    with pytest.raises(ValueError):
+        LinkCurve([2, 1], [1.0, 1.0])
