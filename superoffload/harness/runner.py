@@ -9,6 +9,7 @@ is a result (status "oom"), as is any other exception (status "error"); neither 
 from __future__ import annotations
 
 import datetime as _dt
+import importlib
 import logging
 import os
 import resource
@@ -25,7 +26,7 @@ from superoffload.harness.data import SyntheticData, TokenFileData
 from superoffload.harness.models import build_model, count_params, get_shape
 from superoffload.harness.stats import summarize
 from superoffload.harness.system import RunConfig
-from superoffload.harness.systems import check_system, create_system
+from superoffload.harness.systems import SYSTEMS, check_system, create_system
 from superoffload.harness.telemetry import Telemetry
 from superoffload.shapes import ModelShape
 
@@ -37,6 +38,7 @@ DTYPES = ("fp32", "bf16", "fp16")
 def validate_run(run: RunConfig) -> ModelShape:
     """Check a RunConfig; raise ValueError saying what to change. Returns the model shape."""
     check_system(run.system)
+    _validate_system(run)
     shape = get_shape(run.model)
     if run.dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {run.dtype!r}")
@@ -63,6 +65,21 @@ def validate_run(run: RunConfig) -> ModelShape:
     if data is not None and not os.path.exists(data):
         raise ValueError(f"data file {data!r} does not exist")
     return shape
+
+
+def _validate_system(run: RunConfig) -> None:
+    """Let the system check its own options (``-o``) and dtype before anything is built: a system class
+    may define ``validate(run)`` (a classmethod raising ValueError). The import is cheap by contract
+    (heavy libraries are imported in ``setup``); a system that cannot be imported fails later, as a
+    record, in create_system."""
+    module, _, cls_name = SYSTEMS[run.system].partition(":")
+    try:
+        cls = getattr(importlib.import_module(module), cls_name)
+    except ImportError:
+        return
+    validate = getattr(cls, "validate", None)
+    if callable(validate):
+        validate(run)
 
 
 def _dist_env() -> tuple[int, int]:
@@ -94,6 +111,9 @@ def run_benchmark(run: RunConfig, progress: Callable[[int, int, float], None] | 
     run.world_size = world
     if run.threads:
         torch.set_num_threads(run.threads)
+    if world > 1 and run.device != "cpu" and torch.cuda.is_available():
+        # one GPU per rank: without this every torchrun rank would train on cuda:0
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     device = get_device(run.device)
     if world > 1:
         _init_distributed(device.type)

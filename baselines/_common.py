@@ -1,0 +1,117 @@
+"""Pieces every baseline adapter shares: option checking, dtypes, the process group for world size 1.
+
+Nothing here imports DeepSpeed, so ``validate`` stays cheap and a missing DeepSpeed only breaks the
+DeepSpeed adapters.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import socket
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+# Keys the harness itself puts into run.system_options (the CLI's --data / --data-dtype); every
+# adapter must accept them although they mean nothing to the adapter.
+HARNESS_OPTIONS = frozenset({"data", "data_dtype"})
+
+Checker = Callable[[str, Any], Any]
+
+
+def as_bool(key: str, value: Any) -> bool:
+    """`-o key=true` arrives as a JSON bool; accept the usual spellings of a bool and nothing else."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "on", "off"):
+        return value.lower() in ("true", "yes", "on")
+    raise ValueError(f"option {key!r} must be true or false, got {value!r}")
+
+
+def as_fraction(key: str, value: Any, *, allow_zero: bool = True) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"option {key!r} must be a number in [0, 1], got {value!r}")
+    v = float(value)
+    low_ok = v >= 0.0 if allow_zero else v > 0.0
+    if not (low_ok and v <= 1.0):
+        rng = "[0, 1]" if allow_zero else "(0, 1]"
+        raise ValueError(f"option {key!r} must be in {rng}, got {value!r}")
+    return v
+
+
+def as_count(key: str, value: Any) -> int:
+    """A positive element count; JSON gives 5e8 as a float, so accept integral floats."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < 1:
+        raise ValueError(f"option {key!r} must be a positive integer (elements), got {value!r}")
+    return int(value)
+
+
+def parse_options(system: str, options: Mapping[str, Any], known: Mapping[str, Checker]) -> dict[str, Any]:
+    """Check ``-o`` options against the adapter's table; unknown keys are an error, not ignored,
+    so a typo never silently benchmarks the default configuration."""
+    out: dict[str, Any] = {}
+    for key, value in options.items():
+        if key in HARNESS_OPTIONS:
+            continue
+        if key not in known:
+            allowed = ", ".join(sorted(known)) or "none"
+            raise ValueError(f"system {system!r} has no option {key!r} (options: {allowed})")
+        out[key] = known[key](key, value)
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def dist_env_defaults() -> dict[str, str]:
+    """Fill in the torch.distributed env vars of a single-process world where they are missing.
+
+    DeepSpeed's init_distributed falls back to MPI discovery (and fails without mpi4py) unless all of
+    RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and LOCAL_RANK are set; torchrun sets them all.
+    Returns what was set.
+    """
+    defaults = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1"}
+    added = {k: v for k, v in defaults.items() if k not in os.environ}
+    if "MASTER_PORT" not in os.environ:
+        added["MASTER_PORT"] = str(_free_port())  # a fixed port would collide with parallel runs
+    os.environ.update(added)
+    return added
+
+
+def backend_for(device_type: str) -> str:
+    return "nccl" if device_type == "cuda" else "gloo"
+
+
+_created_here = False
+
+
+def ensure_process_group(device_type: str) -> str:
+    """Initialise the default process group unless torchrun / the runner already did; return its backend.
+
+    The group is process-wide and is kept until exit, never destroyed in teardown: DeepSpeed caches
+    group handles in module globals (deepspeed.utils.groups), and a second engine in the same process
+    fails with "Group ... is not registered" once the group it cached has been destroyed.
+    """
+    global _created_here
+    dist_env_defaults()
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend_for(device_type))
+        if not _created_here:
+            atexit.register(_destroy_at_exit)
+        _created_here = True
+    return str(dist.get_backend())
+
+
+def _destroy_at_exit() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

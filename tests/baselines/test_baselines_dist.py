@@ -1,0 +1,87 @@
+"""World size 2 (torchrun, gloo) against world size 1 on the same global batch; the CLI end to end.
+
+Each rank's loss is the mean over its half of the global batch, so the mean of the two ranks' losses is
+the world-1 loss of the whole batch. Gradients are averaged across ranks in fp32, which only changes
+the summation order: TOL is the same 1e-3 as the single-process parity tests (measured differences
+are ~1e-5). FSDP runs with clipping on, so the all-reduced global norm is checked as well.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from _global_batch_driver import run_global_batch
+
+from superoffload.harness.system import RunConfig
+
+HERE = Path(__file__).parent
+TOL = 1e-3
+CFG = {"model": "gpt-tiny", "seq": 32, "batch": 2, "steps": 6, "warmup": 2, "lr": 1e-2, "seed": 99}
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)  # set by this pytest process for its own world-1 group; torchrun sets its own
+    env["OMP_NUM_THREADS"] = "1"
+    env["PYTHONWARNINGS"] = "ignore"
+    return env
+
+
+def _torchrun(cfg: dict, out: Path) -> list[dict]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(HERE / "_global_batch_driver.py"), json.dumps(cfg), str(out)]
+    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+@pytest.mark.usefixtures("needs_deepspeed")
+@pytest.mark.parametrize(("system", "grad_clip"), [("zero_offload", 0.0), ("fsdp_offload", 1.0)])
+def test_world_size_2_matches_world_size_1(system: str, grad_clip: float, tmp_path: Path) -> None:
+    cfg = {**CFG, "system": system, "grad_clip": grad_clip}
+    ranks = _torchrun({**cfg, "batch": 2}, tmp_path)
+    one = run_global_batch(RunConfig(**{**cfg, "batch": 4, "threads": 2}))
+    assert one["status"] == "ok", one["error"]
+    assert [r["world_size"] for r in ranks] == [2, 2]
+    assert ranks[0]["losses"] != ranks[1]["losses"]  # the ranks really saw different halves
+    mean = [(a + b) / 2 for a, b in zip(ranks[0]["losses"], ranks[1]["losses"], strict=True)]
+    diffs = [abs(a - b) for a, b in zip(mean, one["losses"], strict=True)]
+    assert max(diffs) <= TOL, f"world 2 vs world 1 |Δloss| per step: {diffs}"
+    if grad_clip:
+        n1 = one["system_stats"]["grad_norms"]
+        assert max(n1) > grad_clip  # clipping fired
+        for r in ranks:  # every rank clipped with the global norm, the same as world 1's
+            assert r["system_stats"]["grad_norms"] == pytest.approx(n1, rel=1e-3)
+
+
+@pytest.mark.usefixtures("needs_deepspeed")
+def test_ds_superoffload_from_the_cli(tmp_path: Path) -> None:
+    """The CPU-Adam worker is spawned and re-imports __main__: `python -m superoffload` must survive it
+    (and so must this pytest process, which runs the adapter in-process in the parity tests)."""
+    out = tmp_path / "rec.json"
+    cmd = [sys.executable, "-m", "superoffload", "bench", "run", "--system", "ds_superoffload",
+           "--model", "gpt-tiny", "--seq", "32", "--batch", "2", "--steps", "3", "--warmup", "1",
+           "--threads", "2", "--no-progress", "-o", "ratio=1.0", "-o", "cpuadam_cores_perc=0.5",
+           "--out", str(out)]
+    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rec = json.loads(out.read_text())
+    assert rec["status"] == "ok"
+    stats = rec["system_stats"]
+    assert stats["optimizer"] == "SuperOffloadOptimizer_Stage3"
+    assert stats["cpu_shims"] is True
+    assert stats["deepspeed_config"]["zero_optimization"]["offload_optimizer"]["cpuadam_cores_perc"] == 0.5
+
+
+def test_cli_rejects_bad_option_with_exit_code_2(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "superoffload", "bench", "run", "--system", "ds_superoffload",
+           "--model", "gpt-tiny", "-o", "ratio=2", "--out", str(tmp_path / "r.json")]
+    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "ratio" in proc.stderr
+    assert not (tmp_path / "r.json").exists()
