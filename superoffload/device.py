@@ -104,6 +104,38 @@ class Device:
             return int(torch.cuda.max_memory_allocated(self.torch_device))
         return None
 
+    @property
+    def shares_host_memory(self) -> bool:
+        """True when device tensors are host tensors (CPU-only): a "transfer" can alias, not copy."""
+        return not self.is_cuda
+
+    # --- the device-side optimizer (repartitioned tail buckets) --------------------------------------
+    def adam_step(self, param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor,
+                  exp_avg_sq: torch.Tensor, *, step: int, lr: float, beta1: float, beta2: float, eps: float,
+                  weight_decay: float, adamw: bool, grad_scale: float,
+                  max_exp_avg_sq: torch.Tensor | None = None) -> None:
+        """One fused Adam(W) step on flat fp32 device tensors, in place.
+
+        CUDA: torch's fused multi-tensor kernel (agrees with GraceAdam to a few ulps). CPU-only: the
+        device is the host, so GraceAdam itself, which keeps CPU-only training bit-identical to a
+        synchronous host loop whatever the split between "device" and host buckets.
+        """
+        if not self.is_cuda:
+            import grace_adam
+
+            grace_adam.adam_step(param, grad, exp_avg, exp_avg_sq, step=step, lr=lr, beta1=beta1,
+                                 beta2=beta2, eps=eps, weight_decay=weight_decay, adamw=adamw,
+                                 grad_scale=grad_scale, max_exp_avg_sq=max_exp_avg_sq)
+            return
+        if grad_scale != 1.0:
+            grad.mul_(grad_scale)
+        fused = torch._fused_adamw_ if adamw else torch._fused_adam_
+        step_t = torch.tensor(float(step), device=param.device)
+        fused([param], [grad], [exp_avg], [exp_avg_sq],
+              [max_exp_avg_sq] if max_exp_avg_sq is not None else [], [step_t], lr=lr, beta1=beta1,
+              beta2=beta2, weight_decay=weight_decay, eps=eps, amsgrad=max_exp_avg_sq is not None,
+              maximize=False)
+
     def is_oom(self, exc: BaseException) -> bool:
         if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
             return True

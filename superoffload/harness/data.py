@@ -1,8 +1,10 @@
 """Token data: synthetic by default, a real tokenized corpus through one documented hook.
 
-Synthetic data is a fixed random first-order Markov chain over the vocabulary (seeded), so a model
-can actually learn it and losses fall, unlike uniform noise; every (seed, step, rank, micro-batch)
-draws the same tokens on every system.
+Synthetic data is a fixed random first-order Markov chain over the vocabulary (seeded): each token
+has `branching` successors drawn from a Zipf-like distribution, so the unigram statistics are skewed
+and a model's loss falls within a few steps (then keeps falling as it learns the transitions), unlike
+uniform noise where it stays at ln(vocab); every (seed, step, rank, micro-batch) draws the same tokens
+on every system.
 
 Real data hook: ``TokenFileData(path, dtype)`` reads a flat binary file of token ids (the nanoGPT /
 Megatron ``.bin`` layout: uint16 for vocabularies < 65536, else uint32). Select it on the CLI with
@@ -26,8 +28,12 @@ class SyntheticData:
         self.vocab, self.seq, self.batch, self.grad_accum = vocab, seq, batch, grad_accum
         self.seed, self.rank = seed, rank
         g = torch.Generator().manual_seed(seed)
-        # each token has `branching` possible successors: entropy log(branching) << log(vocab)
-        self.successors = torch.randint(0, vocab, (vocab, branching), generator=g)
+        # each token has `branching` possible successors (entropy <= ln(branching) << ln(vocab)), drawn
+        # with probability ~ 1/rank so frequent tokens exist to be learned first
+        zipf = 1.0 / torch.arange(1, vocab + 1, dtype=torch.float64)
+        perm = torch.randperm(vocab, generator=g)
+        self.successors = perm[torch.multinomial(zipf, vocab * branching, replacement=True,
+                                                 generator=g)].view(vocab, branching)
 
     def micro_batch(self, step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
         g = torch.Generator().manual_seed(hash((self.seed, step, self.rank, micro)) & 0x7FFF_FFFF)

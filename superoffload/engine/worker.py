@@ -1,0 +1,85 @@
+"""The host worker: one native thread that runs bucket tasks (GraceAdam steps and uploads) in order.
+
+The kernel releases the GIL (ctypes calls drop it), so the training thread keeps driving the device
+while the host steps. Tasks run strictly in submission order, which is what makes per-bucket ordering
+(speculate -> commit -> next step's landing) safe without more locks. A task that raises poisons
+the worker: the exception is kept, every waiter is released, and the training thread re-raises it
+at its next engine call (`check()`), so a failure is never silent and never a hang.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+
+
+class HostWorkerError(RuntimeError):
+    """Raised in the training thread when a host task failed."""
+
+
+class HostWorker:
+    def __init__(self, name: str = "superoffload-host") -> None:
+        self._q: queue.SimpleQueue[tuple[Callable[[], None], str] | None] = queue.SimpleQueue()
+        self._error: BaseException | None = None
+        self._error_task = ""
+        self._pending = 0
+        self._cv = threading.Condition()
+        self._waiters: list[threading.Event] = []  # released on failure so nobody blocks forever
+        self.busy_s = 0.0
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            item = self._q.get()
+            if item is None:
+                return
+            fn, label = item
+            if self._error is None:
+                t0 = time.perf_counter()
+                try:
+                    fn()
+                except BaseException as e:  # noqa: BLE001 - surfaced in the training thread
+                    self._error, self._error_task = e, label
+                    for ev in self._waiters:
+                        ev.set()
+                self.busy_s += time.perf_counter() - t0
+            with self._cv:
+                self._pending -= 1
+                self._cv.notify_all()
+
+    def register_waiter(self, ev: threading.Event) -> None:
+        """An event the training thread may block on; set on failure so the block ends."""
+        self._waiters.append(ev)
+
+    def submit(self, fn: Callable[[], None], label: str = "") -> None:
+        self.check()
+        with self._cv:
+            self._pending += 1
+        self._q.put((fn, label))
+
+    def check(self) -> None:
+        if self._error is not None:
+            raise HostWorkerError(f"host worker task {self._error_task!r} failed: "
+                                  f"{type(self._error).__name__}: {self._error}") from self._error
+
+    def drain(self) -> None:
+        """Block until every submitted task has run, then re-raise a failure if there was one."""
+        with self._cv:
+            self._cv.wait_for(lambda: self._pending == 0)
+        self.check()
+
+    def wait_event(self, ev: threading.Event) -> None:
+        """Wait for an event set by a task, without hanging if the worker died."""
+        while not ev.wait(0.05):
+            self.check()
+            if not self._thread.is_alive():
+                raise HostWorkerError("host worker thread is not running")
+        self.check()
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self._q.put(None)
+            self._thread.join(timeout=10)

@@ -1,0 +1,227 @@
+"""Speculation-then-validation: bit-identical to validate-then-step under clipping, NaN/Inf and fp16
+overflow, with gradient accumulation and across a checkpoint resume."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import superoffload
+from tests.engine.helpers import OPT, assert_state_equal, batches, make_model
+
+
+class Schedule:
+    """Per-step clipping thresholds and gradient injections, identical for both runs.
+
+    `clip[step]` sets grad_clip for that step (a tiny value forces clipping to fire); `inject[step]` is
+    a list of (bucket selector, value) pairs: the first gradient element of the first parameter of that
+    bucket becomes `value` (nan / inf) after accumulation, before the engine sees it.
+    """
+
+    def __init__(self, clip: dict[int, float], inject: dict[int, list[tuple[str, float]]], base_clip: float):
+        self.clip, self.inject, self.base_clip = clip, inject, base_clip
+        self.step = 0
+        self.engine = None
+
+    def target_names(self) -> list[tuple[str, float]]:
+        eng, out = self.engine, []
+        if eng is None or not eng.layout_measured:
+            return out
+        host = [b for b in eng.buckets if not b.on_device]
+        dev = [b for b in eng.buckets if b.on_device]
+        pick = {"first": host[0] if host else None, "middle": host[len(host) // 2] if host else None,
+                "last": host[-1] if host else None, "tail": dev[0] if dev else None}
+        for sel, value in self.inject.get(self.step, []):
+            b = pick[sel]
+            if b is not None:
+                out.append((b.slots[0].name, value))
+        return out
+
+    def attach(self, model: torch.nn.Module) -> None:
+        # registered before initialize: runs before the engine's hook on the same parameter
+        for name, p in model.named_parameters():
+            p.register_post_accumulate_grad_hook(lambda p, name=name: self._inject(name, p))
+
+    def _inject(self, name: str, p: torch.Tensor) -> None:
+        if self.engine is None or not self.engine.is_boundary:
+            return  # inject only in the micro-step that completes the accumulation
+        for target, value in self.target_names():
+            if target == name:
+                p.grad.view(-1)[0] = value
+
+    def before_step(self, engine, i: int) -> None:
+        self.engine, self.step = engine, i
+        engine.config.grad_clip = self.clip.get(i, self.base_clip)
+
+
+def run(model_fn, cfg: dict, steps: int, sched: Schedule, data, accum: int = 1):
+    model = model_fn()
+    sched.attach(model)
+    engine = superoffload.initialize(model, {**cfg, "grad_accum": accum})
+    for i in range(steps):
+        sched.before_step(engine, i)
+        b = data.batch_at(i)
+        for x, y in zip(b.inputs, b.targets, strict=True):
+            engine.backward(engine(x, y))
+        engine.step()
+    engine.synchronize()
+    return engine
+
+
+def make_schedule(steps: int) -> Schedule:
+    clip = {i: 1e-3 for i in range(3, steps, 7)}  # clipping fires on these steps
+    inject = {}
+    for k, i in enumerate(range(5, steps, 11)):
+        sel = ["first", "middle", "last", "tail"][k % 4]
+        inject[i] = [(sel, math.nan if k % 2 else math.inf)]
+    inject[steps // 2] = [("first", math.nan), ("last", math.inf)]
+    return Schedule(clip, inject, base_clip=1e3)
+
+
+@pytest.mark.parametrize("precision,mode", [("fp32", "deferred"), ("bf16", "deferred"), ("fp16", "deferred"),
+                                            ("bf16", "full_copy")])
+def test_200_steps_speculation_equals_validate_then_step(precision, mode):
+    steps = 200
+    data = batches(seq=16, batch=1)
+    cfg = {"optimizer": OPT, "precision": precision, "bucket_size": 40_000, "device_tail_buckets": 1,
+           "rollback_mode": mode}
+    if precision == "fp16":
+        cfg["loss_scale"] = {"init_scale": 2.0**8, "growth_interval": 20}
+    spec = run(make_model, {**cfg, "speculation": True,
+                            "speculation_policy": {"max_rollback_rate": 1.0}}, steps, make_schedule(steps), data)
+    ref = run(make_model, {**cfg, "speculation": False}, steps, make_schedule(steps), data)
+    assert_state_equal(spec.state_dict(), ref.state_dict())
+    for a, b in zip(spec.model.parameters(), ref.model.parameters(), strict=True):
+        assert torch.equal(a, b)
+    s, r = spec.stats["speculation"], ref.stats["speculation"]
+    assert s["speculated"] == steps and r["validate_first"] == steps
+    sched = make_schedule(steps)
+    assert s["skipped"] == len(sched.inject)  # every injection skips the step
+    assert s["clipped"] == len(set(sched.clip) - set(sched.inject))  # a skipped step is not also clipped
+    assert s["rolled_back"] == s["clipped"] + s["skipped"]
+    if precision == "fp16":
+        assert spec.loss_scale.scale == ref.loss_scale.scale < 2.0**8 * 2 ** (steps // 20)
+
+
+def test_speculation_exact_with_grad_accumulation():
+    steps = 30
+    data = batches(seq=16, batch=1, accum=2)
+    cfg = {"optimizer": OPT, "precision": "bf16", "bucket_size": 40_000, "device_tail_buckets": 1}
+    spec = run(make_model, {**cfg, "speculation_policy": {"max_rollback_rate": 1.0}}, steps, make_schedule(steps),
+               data, accum=2)
+    ref = run(make_model, {**cfg, "speculation": False}, steps, make_schedule(steps), data, accum=2)
+    assert_state_equal(spec.state_dict(), ref.state_dict())
+    assert spec.stats["speculation"]["rolled_back"] > 0
+
+
+def test_speculation_exact_across_resume():
+    steps, half = 30, 15
+    data = batches(seq=16, batch=1)
+    cfg = {"optimizer": OPT, "precision": "bf16", "bucket_size": 40_000,
+           "speculation_policy": {"max_rollback_rate": 1.0}}
+    ref = run(make_model, {**cfg, "speculation": False}, steps, make_schedule(steps), data)
+    first = run(make_model, cfg, half, make_schedule(steps), data)
+    sd = first.state_dict()
+    sched = make_schedule(steps)
+    model = make_model(seed=5)
+    sched.attach(model)
+    resumed = superoffload.initialize(model, cfg)
+    resumed.load_state_dict(sd)
+    for i in range(half, steps):
+        sched.before_step(resumed, i)
+        b = data.batch_at(i)
+        resumed.backward(resumed(b.inputs[0], b.targets[0]))
+        resumed.step()
+    assert_state_equal(resumed.state_dict(), ref.state_dict())
+
+
+class MLP(torch.nn.Module):
+    def __init__(self, widths: list[int], seed: int):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(a, b) for a, b in zip(widths, widths[1:], strict=False))
+
+    def forward(self, x):
+        x = x.to(self.layers[0].weight.dtype)
+        for i, layer in enumerate(self.layers):
+            x = layer(x)
+            if i < len(self.layers) - 1:
+                x = torch.tanh(x)
+        return x.float().square().mean()
+
+
+class _XData:
+    def __init__(self, width: int):
+        self.width = width
+
+    def batch_at(self, i: int):
+        g = torch.Generator().manual_seed(i)
+        x = torch.randn(4, self.width, generator=g)
+
+        class B:
+            inputs = [x]
+            targets = [None]
+
+        return B
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(widths=st.lists(st.integers(1, 24), min_size=2, max_size=5),
+       bucket_size=st.integers(1, 800), tail=st.integers(0, 2), precision=st.sampled_from(["fp32", "bf16"]),
+       mode=st.sampled_from(["deferred", "full_copy"]),
+       inject=st.dictionaries(st.integers(1, 9), st.lists(st.tuples(
+           st.sampled_from(["first", "middle", "last", "tail"]), st.sampled_from([math.nan, math.inf, -math.inf])),
+           max_size=2), max_size=3),
+       clip_steps=st.sets(st.integers(0, 9), max_size=4))
+def test_property_random_shapes_buckets_injections(widths, bucket_size, tail, precision, mode, inject, clip_steps):
+    cfg = {"optimizer": OPT, "precision": precision, "bucket_size": bucket_size, "device_tail_buckets": tail,
+           "rollback_mode": mode}
+
+    def model_fn():
+        return MLP(widths, seed=0)
+
+    def sched():
+        return Schedule({i: 1e-4 for i in clip_steps}, inject, base_clip=1e4)
+
+    data = _XData(widths[0])
+    spec = _run_mlp(model_fn, {**cfg, "speculation_policy": {"max_rollback_rate": 1.0}}, sched(), data)
+    ref = _run_mlp(model_fn, {**cfg, "speculation": False}, sched(), data)
+    assert_state_equal(spec.state_dict(), ref.state_dict())
+    spec.close()
+    ref.close()
+
+
+def _run_mlp(model_fn, cfg, sched: Schedule, data, steps: int = 10):
+    model = model_fn()
+    sched.attach(model)
+    engine = superoffload.initialize(model, cfg)
+    for i in range(steps):
+        sched.before_step(engine, i)
+        engine.backward(engine(data.batch_at(i).inputs[0]))
+        engine.step()
+    engine.synchronize()
+    return engine
+
+
+def test_nonfinite_bucket_is_never_stepped_and_step_is_skipped():
+    data = batches(seq=16, batch=1)
+    sched = Schedule({}, {2: [("middle", math.nan)]}, base_clip=0.0)
+    engine = run(make_model, {"optimizer": OPT, "bucket_size": 40_000}, 4, sched, data)
+    sd = engine.state_dict()
+    assert {e["step"] for e in sd["params"].values()} == {3}  # 4 steps, one skipped everywhere
+    assert engine.stats["speculation"]["skipped"] == 1
+    assert all(torch.isfinite(p).all() for p in engine.model.parameters())
+
+
+def test_warmup_policy_switches_to_validate_first_when_rollbacks_are_frequent():
+    data = batches(seq=16, batch=1)
+    sched = Schedule({i: 1e-4 for i in range(20)}, {}, base_clip=1e4)  # clipping fires every step
+    engine = run(make_model, {"optimizer": OPT, "bucket_size": 40_000,
+                              "speculation_policy": {"window": 4, "max_rollback_rate": 0.5}}, 20, sched, data)
+    s = engine.stats["speculation"]
+    # speculates until the window fills with rollbacks, then validates first for the rest
+    assert s["speculated"] == 1 and s["validate_first"] == 19 and s["recent_rollback_rate"] == 1.0
