@@ -17,17 +17,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from superoffload.planner.flops import layer_forward_flops, model_flops_per_token
 from superoffload.shapes import ModelShape
 
-
-def model_flops_per_token(shape: ModelShape, seq: int) -> float:
-    return 6.0 * shape.matmul_params() + 6.0 * shape.layers * shape.hidden * seq
+__all__ = ["Throughput", "hardware_flops_per_token", "model_flops_per_token", "recompute_flops_per_token",
+           "throughput"]
 
 
 def recompute_flops_per_token(shape: ModelShape, seq: int, activation_checkpointing: bool) -> float:
+    """One more forward of every block per token (the cost model uses the same per-layer formula)."""
     if not activation_checkpointing:
         return 0.0
-    return 2.0 * shape.layers * shape.block_params() + 2.0 * shape.layers * shape.hidden * seq
+    return shape.layers * layer_forward_flops(shape, seq, batch=1).total / seq
 
 
 def hardware_flops_per_token(shape: ModelShape, seq: int, activation_checkpointing: bool) -> float:

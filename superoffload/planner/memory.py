@@ -15,7 +15,7 @@ from superoffload.shapes import ModelShape
 BF16 = 2
 FP32 = 4
 ADAM_STATE = 3 * FP32  # fp32 master, m, v
-EXACT_EXTRA_HOST_BYTES = {"none": 0, "deferred": 0, "undo": 2, "copy": ADAM_STATE}
+EXACT_EXTRA_HOST_BYTES = {"none": 0, "deferred": 0, "full_copy": ADAM_STATE}
 
 
 def act_bytes_per_token(shape: ModelShape) -> int:

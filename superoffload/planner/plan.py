@@ -175,12 +175,14 @@ def _host_capacity(w: Workload, hw: HardwareProfile, opts: Options) -> float:
 
 def _choose_exact_mode(w: Workload, hw: HardwareProfile, opts: Options, reasons: list[str]) -> str:
     cap = _host_capacity(w, hw, opts)
-    for mode in ("undo", "deferred"):
+    # deferred commit: no extra memory, and its second pass runs during the next forward, when the host
+    # is otherwise idle; full_copy (12 B/param) only buys a shorter commit, which is off the critical path
+    for mode in ("deferred",):
         need = _host_need(w, hw, replace(opts, exact_mode=mode))
         if need <= cap:
             reasons.append(
-                f"Exactness: '{mode}' ({EXACT_EXTRA_HOST_BYTES[mode]} B/param extra host memory); host needs "
-                f"{_gb(need)} of {_gb(cap)}" + (" ('undo' did not fit)." if mode == "deferred" else "."))
+                f"Exactness: '{mode}' ({EXACT_EXTRA_HOST_BYTES[mode]} B/param extra host memory; the commit "
+                f"pass runs during the next forward); host needs {_gb(need)} of {_gb(cap)}.")
             return mode
     need = _host_need(w, hw, replace(opts, exact_mode="deferred"))
     per_param = need / max(1, w.shape.total_params())

@@ -14,13 +14,14 @@ from dataclasses import dataclass, field
 SYSTEMS = ("superoffload", "zero_offload", "zero_infinity", "fsdp_offload", "ds_superoffload", "torch")
 CAST_POLICIES = ("device", "host")
 ADAM_KINDS = ("graceadam", "cpuadam", "torch")
-EXACT_MODES = ("undo", "deferred", "copy", "none")
+# The engine's rollback modes (superoffload/engine/config.py `rollback_mode`) plus "none" (no speculation).
+EXACT_MODES = ("deferred", "full_copy", "none")
 
-# Extra host traffic per param that exactness costs (DESIGN.md "Exactness"): the undo record writes
-# a few bytes in the same pass; the full copy writes p, m, v once more; the deferred commit is a second
-# pass after validation (read p, m, v, g... -> write p, m, v: ~16 B/param more, off the critical path).
-EXACT_SPEC_EXTRA = {"undo": 2.0, "copy": 12.0, "deferred": 0.0, "none": 0.0}
-EXACT_COMMIT_BYTES = {"undo": 0.0, "copy": 0.0, "deferred": 16.0, "none": 0.0}
+# Extra host traffic per param that exactness costs (DESIGN.md "Exactness"): the full copy writes p, m, v
+# once more in the speculative pass; the deferred commit is a second pass after validation (it re-reads
+# p, m, v, g: ~16 B/param more than one in-place pass, run during the next forward, off the critical path).
+EXACT_SPEC_EXTRA = {"full_copy": 12.0, "deferred": 0.0, "none": 0.0}
+EXACT_COMMIT_BYTES = {"full_copy": 0.0, "deferred": 16.0, "none": 0.0}
 
 DEEPSPEED_REDUCE_BUCKET = 500_000_000  # DeepSpeed default reduce_bucket_size (elements)
 ARTIFACT_PRISM_BUCKET = 600_000_000  # artifact prism config: reduce_bucket_size = sub_group_size = 6e8
@@ -37,7 +38,7 @@ class Options:
     cast_policy: str = "device"
     host_adam: str = "graceadam"
     flow_layers: tuple[int, ...] = ()
-    exact_mode: str = "undo"
+    exact_mode: str = "deferred"
     prefetch_depth: int = 2
     grad_accum: int = 1
     # peers
