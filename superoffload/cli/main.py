@@ -18,6 +18,7 @@ BENCH_COMMANDS = [
 TOP_COMMANDS = [
     "superoffload.planner.calibrate",
     "superoffload.planner.explain",
+    "superoffload.planner.validate",
 ]
 
 

@@ -1,0 +1,96 @@
+"""Predicted vs measured: the cost model checked against run records, reported, never tuned.
+
+For every `ok` record of a system the cost model knows, predict the step time on a HardwareProfile
+(normally this machine's `superoffload calibrate` output) with the options the run actually used
+(from the record's engine config or plan), and report the relative error. The target is ±20 %
+(issue 8); a miss is reported, not fitted away.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from superoffload.planner.costmodel import Workload, predict
+from superoffload.planner.hardware import HardwareProfile
+from superoffload.planner.presets import get_profile
+from superoffload.planner.systems import Options
+
+MODELLED = ("torch", "superoffload", "zero_offload", "zero_infinity", "fsdp_offload", "ds_superoffload")
+TARGET = 0.20
+
+
+def _options(rec: dict[str, Any]) -> Options:
+    cfg = (rec.get("system_stats") or {}).get("config") or {}
+    if rec["system"] != "superoffload" or not cfg:
+        return Options(clipping=rec["run"].get("grad_clip", 0) > 0, grad_accum=rec["run"].get("grad_accum", 1))
+    return Options(speculation=cfg["speculation"], device_tail_buckets=cfg["device_tail_buckets"],
+                   bucket_size_params=cfg["bucket_size"], cast_policy=cfg["grad_cast"],
+                   exact_mode=cfg["rollback_mode"], grad_accum=cfg["grad_accum"],
+                   flow_layers=tuple(cfg.get("flow_layers", ())), clipping=cfg["grad_clip"] > 0)
+
+
+def compare(records: list[dict[str, Any]], hw: HardwareProfile) -> list[dict[str, Any]]:
+    from superoffload.harness.models import get_shape  # the CLI layer may use the zoo
+
+    rows = []
+    for rec in records:
+        if rec.get("status") != "ok" or rec["system"] not in MODELLED:
+            continue
+        r = rec["run"]
+        w = Workload(get_shape(rec["model"]["name"]), r["seq"], r["batch"], r.get("activation_checkpointing", False))
+        pred = predict(rec["system"], w, hw, _options(rec))
+        measured = rec["timing"]["median_s"]
+        rows.append({"system": rec["system"], "model": rec["model"]["name"], "seq": r["seq"], "batch": r["batch"],
+                     "dtype": r["dtype"], "measured_s": measured, "predicted_s": pred.step_time_s,
+                     "rel_error": pred.step_time_s / measured - 1.0,
+                     "within_target": abs(pred.step_time_s / measured - 1.0) <= TARGET})
+    return rows
+
+
+def format_rows(rows: list[dict[str, Any]], hw_name: str) -> str:
+    lines = [f"predicted on {hw_name} vs measured (target ±{TARGET:.0%})",
+             f"{'system':14} {'model':10} {'seq':>5} {'batch':>5} {'dtype':5} {'measured ms':>12} "
+             f"{'predicted ms':>13} {'error':>8}"]
+    for r in rows:
+        lines.append(f"{r['system']:14} {r['model']:10} {r['seq']:>5} {r['batch']:>5} {r['dtype']:5} "
+                     f"{1e3 * r['measured_s']:>12.2f} {1e3 * r['predicted_s']:>13.2f} {r['rel_error']:>+8.1%}")
+    inside = sum(r["within_target"] for r in rows)
+    lines.append(f"{inside}/{len(rows)} within ±{TARGET:.0%}")
+    return "\n".join(lines)
+
+
+def add_cli(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("validate", help="cost-model predictions vs measured step times of run records",
+                       description=__doc__.strip().splitlines()[0])
+    p.add_argument("results_dir", metavar="RESULTS_DIR")
+    p.add_argument("--hardware", required=True,
+                   help="HardwareProfile: preset name or a `superoffload calibrate` JSON (use this machine's)")
+    p.add_argument("--out", default=None, help="write the rows as JSON")
+    p.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    folder = Path(args.results_dir)
+    if not folder.is_dir():
+        print(f"superoffload validate: error: {folder} is not a folder", file=sys.stderr)
+        return 2
+    hw = get_profile(args.hardware)
+    recs = []
+    for path in sorted(folder.rglob("*.json")):
+        try:
+            rec = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if isinstance(rec, dict) and rec.get("schema_version") == 1 and "system" in rec and "run" in rec:
+            recs.append(rec)
+    rows = compare(recs, hw)
+    print(format_rows(rows, hw.name))
+    if args.out:
+        from superoffload.harness.record import write_json_atomic
+
+        write_json_atomic(args.out, {"hardware": hw.name, "target": TARGET, "rows": rows})
+    return 0
