@@ -6,9 +6,13 @@ VENV := .venv/bin
 # DeepSpeed JIT-builds its CPU ops once (~2 min); keep them across runs and clones
 export TORCH_EXTENSIONS_DIR ?= $(HOME)/.cache/superoffload/torch_extensions
 
-.PHONY: all test setup lint
+.PHONY: all test setup lint figures ablation nightly report calibrate
 all: setup
 	$(VENV)/snakemake all
+
+# the other workflow targets (docs/workflow.md)
+figures ablation nightly report calibrate: setup
+	$(VENV)/snakemake $@
 
 test: setup
 	$(VENV)/python -m pytest -q tests

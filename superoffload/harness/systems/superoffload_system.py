@@ -4,8 +4,10 @@ By default the engine runs the planner's plan for this model, sequence, batch an
 size, device tail buckets, casting policy, weight-flow layers); the plan and its reasons land in the
 record. System options (`-o KEY=VALUE`) override: any engine config key (`bucket_size`,
 `device_tail_buckets`, `speculation`, `rollback_mode`, `grad_cast`, `param_cast`, `host_threads`, ...),
-plus `plan=false` (engine defaults instead of the plan) and `hardware=NAME|PATH` (the planner's
-HardwareProfile: a preset name or a `superoffload calibrate` JSON; default: chosen from the device).
+plus `plan=false` (engine defaults instead of the plan), `hardware=NAME|PATH` (the planner's
+HardwareProfile: a preset name or a `superoffload calibrate` JSON; default: chosen from the device) and
+`cast_policy=device|host` (the paper's casting choice as one switch: `device` = cast on the device and
+move fp32 both ways, `host` = move bf16/fp16 and cast on the host; sets `grad_cast` and `param_cast`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from superoffload.engine import ConfigError, SuperOffloadConfig, initialize
 from superoffload.harness.system import Batch, RunConfig
 from superoffload.shapes import ModelShape
 
-HARNESS_ONLY_OPTIONS = ("data", "data_dtype", "plan", "hardware")
+HARNESS_ONLY_OPTIONS = ("data", "data_dtype", "plan", "hardware", "cast_policy")
+CAST_POLICIES = {"device": {"grad_cast": "device", "param_cast": "device"},
+                 "host": {"grad_cast": "host", "param_cast": "host"}}
 
 
 def hardware_for_device(device: str) -> str:
@@ -56,6 +60,13 @@ def engine_config(run: RunConfig, plan=None) -> SuperOffloadConfig:
             planned.update(grad_cast=plan.cast_policy, param_cast="host" if plan.cast_policy == "host" else "device")
         if plan.flow_layers:
             planned["flow_layers"] = list(plan.flow_layers)
+    if "cast_policy" in run.system_options:
+        policy = run.system_options["cast_policy"]
+        if policy not in CAST_POLICIES:
+            raise ConfigError(f"cast_policy must be one of {', '.join(CAST_POLICIES)}; got {policy!r}")
+        if run.dtype == "fp32":
+            raise ConfigError("cast_policy chooses where bf16/fp16 casts happen; use --dtype bf16 or fp16")
+        planned.update(CAST_POLICIES[policy])
     return SuperOffloadConfig.from_any({
         "optimizer": {"lr": run.lr, "betas": list(run.betas), "eps": run.eps, "weight_decay": run.weight_decay},
         "precision": run.dtype, "grad_clip": run.grad_clip, "grad_accum": run.grad_accum,

@@ -1,0 +1,76 @@
+# SuperOffload benchmark workflow (Snakemake 9). Targets: all (default), figures, ablation, nightly,
+# calibrate, report. See docs/workflow.md.
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+configfile: "config/config.yaml"
+
+
+report: "workflows/report/workflow.rst"
+
+
+include: "workflows/rules/common.smk"
+include: "workflows/rules/provenance.smk"
+include: "workflows/rules/sweep.smk"
+include: "workflows/rules/microbench.smk"
+include: "workflows/rules/predict.smk"
+include: "workflows/rules/ablation.smk"
+include: "workflows/rules/report.smk"
+include: "workflows/rules/nightly.smk"
+
+
+# Aggregation, predictions and rendering never go to a cluster scheduler.
+localrules:
+    all,
+    figures,
+    ablation,
+    report,
+    calibrate,
+    nightly,
+    sweep_info,
+    provenance,
+    ablation_variants,
+    explain,
+    paper_comparison,
+    render_figures,
+    render_report,
+    nightly_compare,
+
+
+rule all:
+    default_target: True
+    input:
+        REPORT_HTML,
+        PROVENANCE_FILES,
+
+
+rule figures:
+    input:
+        FIGURES_DIR,
+
+
+rule ablation:
+    input:
+        ABLATION_RECORDS,
+        f"{RES}/ablation/variants.json",
+
+
+rule calibrate:
+    input:
+        CALIBRATION_FILE,
+
+
+rule report:
+    input:
+        REPORT_HTML,
+
+
+rule nightly:
+    input:
+        NIGHTLY_TARGET,
+
+
+onstart:
+    print_selection()

@@ -1,0 +1,195 @@
+"""Load a results folder (``results/<sweep>/``) into plain Python data, tolerating every missing or
+malformed file: a report must render from whatever is there."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+STATUSES = ("ok", "oom", "error")
+
+
+def read_json(path: Path) -> tuple[Any, str | None]:
+    """(data, problem): problem is None when the file was read and parsed."""
+    try:
+        return json.loads(Path(path).read_text()), None
+    except FileNotFoundError:
+        return None, "missing"
+    except (OSError, ValueError) as e:
+        return None, f"unreadable: {type(e).__name__}: {e}"
+
+
+def is_record(obj: Any) -> bool:
+    return isinstance(obj, dict) and obj.get("schema_version") == 1 and "system" in obj and "status" in obj
+
+
+def _bad_record(path: Path, problem: str) -> dict[str, Any]:
+    """A stand-in for a file that is not a readable run record: it shows up as an error row."""
+    parts = path.stem.split("_s")
+    return {
+        "schema_version": 1,
+        "status": "error",
+        "system": path.parent.name,
+        "model": {"name": parts[0], "params": 0},
+        "run": {},
+        "error": f"{path.name}: {problem}",
+        "_path": str(path),
+    }
+
+
+def load_records(folder: Path) -> list[dict[str, Any]]:
+    recs = []
+    for path in sorted(Path(folder).rglob("*.json")) if Path(folder).is_dir() else []:
+        if path.name.startswith("."):
+            continue
+        obj, problem = read_json(path)
+        if problem is None and not is_record(obj):
+            problem = "not a run record (schema_version 1)"
+        rec = obj if problem is None else _bad_record(path, problem)
+        rec["_path"] = str(path)
+        recs.append(rec)
+    return recs
+
+
+def load_optional(path: Path) -> dict[str, Any]:
+    """A microbenchmark / calibration / prediction file as {"status", "data", "error"}."""
+    obj, problem = read_json(path)
+    if problem is not None:
+        return {
+            "status": "missing" if problem == "missing" else "error",
+            "data": None,
+            "error": f"{path.name}: {problem}",
+            "path": str(path),
+        }
+    if isinstance(obj, dict) and obj.get("status") in ("error", "unavailable") and "written_by" in obj:
+        return {"status": obj["status"], "data": None, "error": obj.get("error"), "path": str(path)}
+    if isinstance(obj, dict) and obj.get("status") in ("error", "unavailable"):
+        return {"status": obj["status"], "data": obj, "error": obj.get("error"), "path": str(path)}
+    return {"status": "ok", "data": obj, "error": None, "path": str(path)}
+
+
+def load_results(results: str | Path) -> dict[str, Any]:
+    res = Path(results)
+    sweep, _ = read_json(res / "sweep.json")
+    variants, _ = read_json(res / "ablation" / "variants.json")
+    prov, _ = read_json(res / "provenance" / "provenance.json")
+    ablation = [r for r in load_records(res / "ablation") if Path(r["_path"]).name != "variants.json"]
+    explain = []
+    for p in sorted((res / "predictions" / "explain").glob("*.json")):
+        item = load_optional(p)
+        item["name"] = p.stem
+        explain.append(item)
+    return {
+        "dir": str(res),
+        "sweep": sweep if isinstance(sweep, dict) else {},
+        "runs": load_records(res / "runs"),
+        "ablation": ablation,
+        "variants": variants if isinstance(variants, dict) else {},
+        "adam": load_optional(res / "microbench" / "adam.json"),
+        "cast": load_optional(res / "microbench" / "cast.json"),
+        "calibration": load_optional(res / "calibration" / "hardware.json"),
+        "paper_comparison": load_optional(res / "predictions" / "paper_comparison.json"),
+        "explain": explain,
+        "provenance": prov if isinstance(prov, dict) else {},
+    }
+
+
+# --- record accessors ---------------------------------------------------------------------------------
+def _get(d: Any, *keys: str) -> Any:
+    for k in keys:
+        if not isinstance(d, dict):
+            return None
+        d = d.get(k)
+    return d
+
+
+def num(x: Any) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
+
+
+def first_line(s: Any, limit: int = 160) -> str:
+    if not s:
+        return ""
+    line = str(s).strip().splitlines()[0] if str(s).strip() else ""
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def record_row(rec: dict[str, Any]) -> dict[str, Any]:
+    """One summary-table row; numbers are None where the record has none (oom / error)."""
+    run = rec.get("run") or {}
+    tel = rec.get("telemetry") or {}
+    return {
+        "system": rec.get("system", "?"),
+        "model": _get(rec, "model", "name") or "?",
+        "params": num(_get(rec, "model", "params")),
+        "seq": run.get("seq"),
+        "batch": run.get("global_batch", run.get("batch")),
+        "dtype": run.get("dtype"),
+        "status": rec.get("status", "error") if rec.get("status") in STATUSES else "error",
+        "tokens_per_s": num(_get(rec, "throughput", "tokens_per_s")),
+        "tflops": num(_get(rec, "throughput", "model_tflops")),
+        "mfu": num(_get(rec, "throughput", "mfu")),
+        "hfu": num(_get(rec, "throughput", "hfu")),
+        "peak_flops_source": _get(rec, "throughput", "peak_flops_source"),
+        "step_median_s": num(_get(rec, "timing", "median_s")),
+        "step_p10_s": num(_get(rec, "timing", "p10_s")),
+        "step_p90_s": num(_get(rec, "timing", "p90_s")),
+        "peak_device_bytes": num(_get(rec, "memory", "peak_device_bytes")),
+        "peak_host_rss_bytes": num(_get(rec, "memory", "peak_host_rss_bytes")),
+        "energy_j_per_step": num(_get(tel, "gpu", "energy_j_per_step")),
+        "gpu_util_pct": num(_get(tel, "gpu", "util_pct_mean")),
+        "rollbacks": rec.get("rollbacks"),
+        "error": first_line(rec.get("error")) if rec.get("status") != "ok" else "",
+        "path": rec.get("_path", ""),
+    }
+
+
+def sort_key(row: dict[str, Any]) -> tuple:
+    return (row["params"] or 0, row["model"], row["seq"] or 0, row["batch"] or 0, row["system"])
+
+
+def summary_rows(records: list[dict[str, Any]], baseline: str = "torch") -> list[dict[str, Any]]:
+    rows = sorted((record_row(r) for r in records), key=sort_key)
+    base = {
+        (r["model"], r["seq"], r["batch"], r["dtype"]): r["tokens_per_s"]
+        for r in rows
+        if r["system"] == baseline and r["tokens_per_s"]
+    }
+    for r in rows:
+        b = base.get((r["model"], r["seq"], r["batch"], r["dtype"]))
+        r["speedup"] = r["tokens_per_s"] / b if (b and r["tokens_per_s"]) else None
+    return rows
+
+
+def status_counts(records: list[dict[str, Any]]) -> dict[str, int]:
+    counts = dict.fromkeys(STATUSES, 0)
+    for r in records:
+        s = r.get("status")
+        counts[s if s in counts else "error"] += 1
+    return counts
+
+
+def rollback_counts(rec: dict[str, Any]) -> dict[str, float]:
+    """Numeric counters of a record's `rollbacks` block (engine-defined keys), flattened one level."""
+    out: dict[str, float] = {}
+    rb = rec.get("rollbacks")
+    if not isinstance(rb, dict):
+        return out
+    for k, v in rb.items():
+        if num(v) is not None:
+            out[k] = float(v)
+        elif isinstance(v, dict):
+            for k2, v2 in v.items():
+                if num(v2) is not None:
+                    out[f"{k}.{k2}"] = float(v2)
+        elif isinstance(v, list) and k.endswith(("steps", "events")):
+            out[f"{k} (count)"] = float(len(v))
+    return out
+
+
+def median_or_none(vals: list[float]) -> float | None:
+    vals = [v for v in vals if v is not None]
+    return median(vals) if vals else None

@@ -1,0 +1,265 @@
+"""Render a results folder: deterministic SVG figures, and one self-contained HTML report.
+
+    python reports/render.py figures --results results/cpu_smoke --out results/cpu_smoke/figures
+    python reports/render.py html --results results/cpu_smoke --figures results/cpu_smoke/figures \
+        --out results/cpu_smoke/report.html
+
+Templates: reports/templates/*.html.j2, rendered with Jinja2 and StrictUndefined (a missing key is an
+error, never a silent blank). Figures are embedded as base64 SVG data URIs, so the HTML is one file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import jinja2  # noqa: E402
+
+from reports import data as D  # noqa: E402
+from reports import figures as F  # noqa: E402
+from reports import paper as P  # noqa: E402
+
+TEMPLATES = Path(__file__).with_name("templates")
+
+
+def environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATES),
+        autoescape=jinja2.select_autoescape(["html", "j2"]),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters.update(fmt=fmt, pct=pct, gib=gib, ms=ms)
+    return env
+
+
+def fmt(x: Any, spec: str = ".3g") -> str:
+    return "–" if x is None else format(x, spec)
+
+
+def pct(x: Any) -> str:
+    return "–" if x is None else f"{100 * x:.1f}%"
+
+
+def gib(x: Any) -> str:
+    return "–" if x is None else f"{x / 2**30:.2f}"
+
+
+def ms(x: Any) -> str:
+    return "–" if x is None else f"{1000 * x:.1f}"
+
+
+def _scalars(d: Any, limit: int = 40) -> list[tuple[str, Any]]:
+    """Top-level scalar fields of a dict, for a generic key/value table."""
+    if not isinstance(d, dict):
+        return []
+    out = [(k, v) for k, v in sorted(d.items()) if isinstance(v, (str, int, float, bool)) or v is None]
+    return out[:limit]
+
+
+def _generic_table(obj: Any, limit: int = 60) -> dict[str, list]:
+    rows = F.table_rows(obj)[:limit]
+    cols: list[str] = []
+    for r in rows:
+        for k, v in r.items():
+            if k not in cols and (isinstance(v, (str, int, float, bool)) or v is None):
+                cols.append(k)
+    return {"columns": cols, "rows": [[r.get(c) for c in cols] for r in rows]}
+
+
+def _cast_tables(obj: Any) -> list[dict]:
+    """One table per row list of the cast microbenchmark (grad_path, param_path, link, ...)."""
+    if isinstance(obj, dict):
+        lists = [(k, v) for k, v in sorted(obj.items()) if isinstance(v, list) and F.table_rows(v)]
+        if lists:
+            return [{"name": k, **_generic_table(v)} for k, v in lists]
+    t = _generic_table(obj)
+    return [{"name": "cast", **t}] if t["rows"] else []
+
+
+def _ablation_table(results: dict) -> list[dict]:
+    variants = (results["variants"] or {}).get("variants") or {}
+    by_name = {Path(r["_path"]).stem: D.record_row(r) for r in results["ablation"]}
+    rows = []
+    for name, v in sorted(variants.items(), key=lambda kv: (kv[1]["kind"], kv[1].get("step") or 0, kv[0])):
+        r = by_name.get(name)
+        rows.append(
+            {
+                "name": name,
+                "kind": v["kind"],
+                "technique": v.get("technique") or "",
+                "options": ", ".join(f"{k}={val}" for k, val in sorted(v["options"].items())),
+                "status": r["status"] if r else "missing",
+                "tokens_per_s": r["tokens_per_s"] if r else None,
+                "error": r["error"] if r else "no record",
+            }
+        )
+    return rows
+
+
+def measured_for(pred: dict, rows: list[dict]) -> float | None:
+    """Our measured value for a paper_comparison row, where the records have one: Fig 10 model TFLOPS of
+    that system and model (seq 1024, batch 8, the figure's setting), Fig 13 the largest ok model (B)."""
+    point, metric = str(pred.get("point", "")), pred.get("metric")
+    if pred.get("figure") == "fig10" and metric == "model_tflops" and " " in point:
+        model, system = point.split(" ", 1)
+        vals = [
+            r["tflops"]
+            for r in rows
+            if r["system"] == system
+            and r["model"] == model
+            and r["seq"] == 1024
+            and r["batch"] == 8
+            and r["tflops"] is not None
+        ]
+        return vals[0] if vals else None
+    if pred.get("figure") == "fig13" and metric == "largest_model_B":
+        system = point.split(" ")[-1]
+        sizes = [F._params_of(r["model"]) for r in rows if r["system"] == system and r["status"] == "ok"]
+        sizes = [s / 1e9 for s in sizes if s]
+        return max(sizes) if sizes else None
+    return None
+
+
+def _micro_status(item: dict) -> dict:
+    return {
+        "status": item["status"],
+        "error": D.first_line(item.get("error"), 300),
+        "path": item.get("path", ""),
+    }
+
+
+def build_context(results: dict, figure_files: dict[str, Path]) -> dict[str, Any]:
+    sweep = results["sweep"]
+    rows = D.summary_rows(results["runs"])
+    figs = []
+    for name, (_, caption) in F.FIGURES.items():
+        path = figure_files.get(name)
+        uri = (
+            ("data:image/svg+xml;base64," + base64.b64encode(path.read_bytes()).decode())
+            if path and path.exists()
+            else None
+        )
+        figs.append({"name": name, "caption": caption, "uri": uri})
+    pc = results["paper_comparison"]
+    pc_rows = (pc.get("data") or {}).get("rows") or []
+    hw = sweep.get("hardware") or {}
+    is_gh200 = "GH200" in str(hw.get("device_name") or "").upper()
+    prov = results["provenance"]
+    return {
+        "title": f"SuperOffload benchmark report: {sweep.get('sweep', Path(results['dir']).name)}",
+        "sweep": {
+            "name": sweep.get("sweep", Path(results["dir"]).name),
+            "reason": sweep.get("reason", "sweep.json missing: selection unknown"),
+            "description": (sweep.get("settings") or {}).get("description", ""),
+            "steps": sweep.get("steps"),
+            "warmup": sweep.get("warmup"),
+            "dtype": (sweep.get("settings") or {}).get("dtype"),
+            "launcher": sweep.get("launcher") or "",
+            "hardware_key": sweep.get("hardware_key", ""),
+            "filters": ", ".join(f"{k}={','.join(sweep[k])}" for k in ("only_systems", "only_models") if sweep.get(k)),
+        },
+        "hardware": {
+            "device": hw.get("device_name") or "CPU only (no CUDA device)",
+            "cpu": hw.get("cpu", "?"),
+            "cpu_count": hw.get("cpu_count"),
+            "arch": hw.get("arch", "?"),
+            "detail": hw.get("detail", ""),
+        },
+        "paper_mode": (
+            "measured: the hardware is a GH200"
+            if is_gh200
+            else "predicted: this hardware is not a GH200, so the paper's GH200 points come from the cost "
+            "model (superoffload.planner.paper.paper_comparison) on the gh200 preset"
+        ),
+        "counts": D.status_counts(results["runs"]),
+        "rows": rows,
+        "ablation": _ablation_table(results),
+        "ablation_counts": D.status_counts(results["ablation"]),
+        "figures": figs,
+        "adam": {
+            **_micro_status(results["adam"]),
+            "table": _generic_table(F.adam_rows(results["adam"].get("data"))),
+            "fields": _scalars(results["adam"].get("data"), 12),
+        },
+        "adam_paper": [{"params": f"{int(k / 1e9)}B", **v} for k, v in sorted(P.GRACE_ADAM_TABLE.items())],
+        "cast": {
+            **_micro_status(results["cast"]),
+            "tables": _cast_tables(results["cast"].get("data")),
+            "fields": _scalars(results["cast"].get("data"), 12),
+        },
+        "calibration": {
+            **_micro_status(results["calibration"]),
+            "fields": _scalars(results["calibration"].get("data")),
+        },
+        "paper_comparison": {
+            "status": pc["status"],
+            "error": D.first_line(pc.get("error"), 300),
+            "rows": [
+                {
+                    "figure": r.get("figure"),
+                    "point": r.get("point"),
+                    "metric": r.get("metric"),
+                    "predicted": r.get("predicted"),
+                    "paper": r.get("paper"),
+                    "paper_status": r.get("paper_status"),
+                    "rel_error": r.get("rel_error"),
+                    "note": r.get("note", ""),
+                    "measured": measured_for(r, rows),
+                }
+                for r in pc_rows
+            ],
+        },
+        "explain": [
+            {
+                "name": e["name"],
+                "status": e["status"],
+                "error": D.first_line(e.get("error"), 300),
+                "fields": _scalars(e.get("data"), 20),
+            }
+            for e in results["explain"]
+        ],
+        "provenance": {"fields": _scalars(prov), "packages": sorted((prov.get("packages") or {}).items())},
+    }
+
+
+def render_html(results_dir: str | Path, figures_dir: str | Path, out: str | Path) -> Path:
+    results = D.load_results(results_dir)
+    figs = {p.stem: p for p in sorted(Path(figures_dir).glob("*.svg"))} if Path(figures_dir).is_dir() else {}
+    html = environment().get_template("report.html.j2").render(**build_context(results, figs))
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(html)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    f = sub.add_parser("figures", help="write every figure as SVG")
+    f.add_argument("--results", required=True)
+    f.add_argument("--out", required=True)
+    h = sub.add_parser("html", help="render the HTML report (embeds the SVGs of --figures)")
+    h.add_argument("--results", required=True)
+    h.add_argument("--figures", required=True)
+    h.add_argument("--out", required=True)
+    a = p.parse_args(argv)
+    if a.cmd == "figures":
+        paths = F.render_all(D.load_results(a.results), a.out)
+        print(f"wrote {len(paths)} figures to {a.out}")
+    else:
+        print(f"wrote {render_html(a.results, a.figures, a.out)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

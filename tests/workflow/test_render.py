@@ -1,0 +1,185 @@
+"""The report renders from synthetic results with missing, oom, error and malformed records; figures are
+byte-identical across renders."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from wf_helpers import ROOT, _record
+
+from reports import data as D
+from reports import figures as F
+from reports import render as R
+
+
+def _write(path: Path, obj) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(obj if isinstance(obj, str) else json.dumps(obj))
+
+
+@pytest.fixture
+def synthetic(tmp_path: Path) -> Path:
+    res = tmp_path / "cpu_smoke"
+    tl = [{"t": 0.1 * i, "step": i, "gpu_util_pct": 50 + i, "host_cpu_pct": 90} for i in range(10)]
+    _write(res / "runs/torch/gpt-tiny_s128_b2.json", _record("torch", timeline=tl))
+    _write(
+        res / "runs/torch/gpt-small_s128_b2.json", _record("torch", "gpt-small", tps=300, params=21_000_000)
+    )
+    _write(
+        res / "runs/superoffload/gpt-tiny_s128_b2.json",
+        _record("superoffload", tps=1500, rollbacks={"rollbacks": 2, "skipped": 1, "steps": 7}),
+    )
+    _write(
+        res / "runs/superoffload/gpt-small_s128_b2.json", _record("superoffload", "gpt-small", status="oom")
+    )
+    _write(res / "runs/zero_offload/gpt-tiny_s128_b2.json", _record("zero_offload", status="error"))
+    _write(res / "runs/fsdp_offload/gpt-tiny_s128_b2.json", "{ not json")
+    for seq in (64, 256):
+        _write(res / f"runs/torch/gpt-tiny_s{seq}_b2.json", _record("torch", seq=seq, tps=900))
+    _write(
+        res / "sweep.json",
+        {
+            "sweep": "cpu_smoke",
+            "reason": "synthetic: no CUDA GPU",
+            "steps": 5,
+            "warmup": 2,
+            "settings": {"description": "test", "dtype": "fp32"},
+            "launcher": "",
+            "hardware_key": "cpu-test",
+            "hardware": {"cuda": False, "cpu": "x", "arch": "x86_64", "cpu_count": 2, "detail": "none"},
+        },
+    )
+    variants = {
+        "cum0-baseline": {"kind": "cumulative", "step": 0, "technique": None, "options": {"a": 0}},
+        "cum1-speculation": {
+            "kind": "cumulative",
+            "step": 1,
+            "technique": "speculation",
+            "options": {"speculation": True},
+        },
+        "loo-speculation": {
+            "kind": "leave_one_out",
+            "step": None,
+            "technique": "speculation",
+            "options": {"speculation": False},
+        },
+    }
+    _write(
+        res / "ablation/variants.json",
+        {"variants": variants, "techniques": {"speculation": {"label": "STV"}}},
+    )
+    _write(res / "ablation/cum0-baseline.json", _record("superoffload", tps=1000))
+    _write(res / "ablation/cum1-speculation.json", _record("superoffload", status="error"))
+    # loo-speculation missing on purpose
+    _write(
+        res / "microbench/adam.json",
+        {
+            "measurements": [
+                {
+                    "numel": 4194304,
+                    "threads": 1,
+                    "kernels": {"torch_fused": {"median_s": 0.02}, "grace_adam": {"median_s": 0.006}},
+                    "host_phase": {"grace_direct": {"median_s": 0.007}},
+                }
+            ]
+        },
+    )
+    _write(
+        res / "microbench/cast.json",
+        {"status": "unavailable", "error": "invalid choice: 'cast'", "written_by": "guard"},
+    )
+    # calibration missing entirely; predictions with rows
+    _write(
+        res / "predictions/paper_comparison.json",
+        {
+            "status": "ok",
+            "rows": [
+                {
+                    "figure": "fig10",
+                    "point": "gpt-1b torch",
+                    "metric": "model_tflops",
+                    "predicted": 480.0,
+                    "paper": None,
+                    "paper_status": "missing",
+                    "rel_error": None,
+                    "note": "",
+                },
+                {
+                    "figure": "fig13",
+                    "point": "1 chip superoffload",
+                    "metric": "largest_model_B",
+                    "predicted": 25.0,
+                    "paper": 25.0,
+                    "paper_status": "V",
+                    "rel_error": 0.0,
+                    "note": "",
+                },
+            ],
+            "preset": None,
+        },
+    )
+    return res
+
+
+def test_report_renders_with_missing_oom_error(synthetic, tmp_path):
+    figs = F.render_all(D.load_results(synthetic), tmp_path / "figs")
+    assert set(figs) == set(F.FIGURES)
+    out = R.render_html(synthetic, tmp_path / "figs", tmp_path / "report.html")
+    html = out.read_text()
+    assert 'class="oom"' in html and 'class="error"' in html
+    assert "synthetic failure" in html
+    assert "not available (unavailable)" in html  # cast microbenchmark
+    assert "Calibration: not available (missing)" in html
+    assert "not a run record" in html or "unreadable" in html  # the malformed file is an error row
+    assert html.count("data:image/svg+xml;base64,") == len(F.FIGURES)
+    assert "grace_adam" in html and "host_phase" in html  # the GraceAdam rows made it into the table
+    assert {p["impl"] for p in F.adam_points(D.load_results(synthetic))} == {"torch_fused", "grace_adam"}
+    assert "<script" not in html and "http://" not in html.replace("http://www.w3.org", "")
+
+
+def test_report_renders_from_an_empty_folder(tmp_path):
+    figs = F.render_all(D.load_results(tmp_path / "nothing"), tmp_path / "figs")
+    assert len(figs) == len(F.FIGURES)
+    html = R.render_html(tmp_path / "nothing", tmp_path / "figs", tmp_path / "r.html").read_text()
+    assert "No run records" in html
+
+
+def test_strict_undefined():
+    import jinja2
+
+    with pytest.raises(jinja2.UndefinedError):
+        R.environment().get_template("report.html.j2").render(title="x")
+
+
+def test_summary_rows_speedup_and_statuses(synthetic):
+    rows = D.summary_rows(D.load_results(synthetic)["runs"])
+    so = next(r for r in rows if r["system"] == "superoffload" and r["model"] == "gpt-tiny")
+    assert so["speedup"] == pytest.approx(1.5)
+    assert {r["status"] for r in rows} == {"ok", "oom", "error"}
+
+
+def test_figures_byte_identical_across_renders(synthetic, tmp_path):
+    for out in ("a", "b"):
+        subprocess.run(
+            [
+                sys.executable,
+                str(ROOT / "reports/render.py"),
+                "figures",
+                "--results",
+                str(synthetic),
+                "--out",
+                str(tmp_path / out),
+            ],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+    a = sorted((tmp_path / "a").glob("*.svg"))
+    assert [p.name for p in a] == [p.name for p in sorted((tmp_path / "b").glob("*.svg"))] and a
+    for p in a:
+        assert p.read_bytes() == (tmp_path / "b" / p.name).read_bytes(), p.name
+        assert b"<dc:date>" not in p.read_bytes()

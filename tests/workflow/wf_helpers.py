@@ -1,0 +1,88 @@
+"""Helpers of the workflow tests (a uniquely named module: several test folders have a conftest.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+SNAKEMAKE = [sys.executable, "-m", "snakemake"]
+
+
+def snakemake(*args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
+    """Run snakemake in the repository root; --nolock so a concurrent run of the workflow does not block."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.run(
+        [*SNAKEMAKE, "--nolock", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"snakemake {' '.join(args)} failed ({proc.returncode}):\n"
+            f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        )
+    return proc
+
+
+def _record(
+    system,
+    model="gpt-tiny",
+    seq=128,
+    batch=2,
+    status="ok",
+    tps=1000.0,
+    params=900_000,
+    timeline=None,
+    rollbacks=None,
+):
+    ok = status == "ok"
+    return {
+        "schema_version": 1,
+        "status": status,
+        "error": None if ok else f"{status.upper()}: synthetic failure",
+        "system": system,
+        "model": {"name": model, "params": params, "layers": 4, "hidden": 128, "heads": 4, "vocab": 1024},
+        "run": {
+            "seq": seq,
+            "batch": batch,
+            "global_batch": batch,
+            "dtype": "fp32",
+            "steps": 5,
+            "warmup": 2,
+            "seed": 1,
+        },
+        "timing": {"step_times_s": [0.1, 0.11], "median_s": 0.1, "p10_s": 0.1, "p90_s": 0.11, "iqr_s": 0.01}
+        if ok
+        else None,
+        "losses": [7.0, 6.9] if ok else [],
+        "throughput": {
+            "tokens_per_s": tps,
+            "model_tflops": tps * 6e-6,
+            "mfu": 0.3,
+            "hfu": 0.3,
+            "peak_flops": 1e11,
+            "peak_flops_source": "measured",
+        }
+        if ok
+        else None,
+        "memory": {"peak_device_bytes": None, "peak_host_rss_bytes": 300 * 2**20},
+        "telemetry": {
+            "gpu": {"energy_j_per_step": 12.5, "util_pct_mean": 80.0} if timeline else None,
+            "timeline": timeline or [],
+        },
+        "system_stats": None,
+        "rollbacks": rollbacks,
+        "plan": None,
+        "provenance": {
+            "device": "cpu",
+            "cpu": "x",
+            "torch": "2.13.0",
+            "git_commit": None,
+            "hostname_hash": "h",
+        },
+        "created_utc": "2026-01-01T00:00:00+00:00",
+    }

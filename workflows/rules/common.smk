@@ -1,0 +1,220 @@
+# Shared helpers: config validation, hardware detection, sweep selection, the run matrix.
+import copy
+import datetime
+import json
+import os
+import platform
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from snakemake.utils import validate
+
+validate(config, "../schemas/config.schema.yaml")
+
+PY = sys.executable  # the interpreter running Snakemake (the venv's)
+WF = Path(workflow.basedir)  # repository root (where the Snakefile is)
+SCRIPTS = WF / "workflows" / "scripts"
+REPORTS = WF / "reports"
+CLI = [PY, "-m", "superoffload"]
+
+# DeepSpeed JIT-builds its CPU ops once (~2 min); keep them across runs (same default as the Makefile).
+os.environ.setdefault(
+    "TORCH_EXTENSIONS_DIR",
+    config.get("torch_extensions_dir")
+    or str(Path.home() / ".cache" / "superoffload" / "torch_extensions"),
+)
+if config.get("torch_extensions_dir"):
+    os.environ["TORCH_EXTENSIONS_DIR"] = config["torch_extensions_dir"]
+
+
+def _slug(s):
+    return re.sub(r"[^a-z0-9.]+", "-", s.lower()).strip("-") or "unknown"
+
+
+def _cpu_model():
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def detect_hardware():
+    """What the workflow runs on. Fast path: no nvidia-smi and no /dev/nvidia0 -> no GPU (torch is not
+    imported); otherwise torch.cuda decides and names the device."""
+    hw = {"cuda": False, "device_name": None, "cpu": _cpu_model(), "arch": platform.machine(),
+          "cpu_count": os.cpu_count()}
+    if shutil.which("nvidia-smi") is None and not os.path.exists("/dev/nvidia0"):
+        hw["detail"] = "no NVIDIA driver (nvidia-smi not found, no /dev/nvidia0)"
+        return hw
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            hw["cuda"] = True
+            hw["device_name"] = torch.cuda.get_device_name(0)
+            hw["detail"] = f"torch.cuda.is_available() is True; device 0 is {hw['device_name']!r}"
+        else:
+            hw["detail"] = "torch.cuda.is_available() is False (driver present, no usable CUDA device)"
+    except Exception as e:  # noqa: BLE001 - detection must never break parsing
+        hw["detail"] = f"could not query torch.cuda ({type(e).__name__}: {e})"
+    return hw
+
+
+def select_sweep(cfg, hw):
+    """(sweep name, reason)."""
+    name = cfg["sweep"]
+    if name != "auto":
+        if name not in cfg["sweeps"]:
+            raise ValueError(f"config: sweep {name!r} is not defined; choose auto or one of "
+                             f"{', '.join(cfg['sweeps'])}")
+        return name, f"set in the config (sweep={name}); hardware: {hw['detail']}"
+    if not hw["cuda"]:
+        return "cpu_smoke", f"sweep=auto and no CUDA GPU: {hw['detail']}"
+    if "GH200" in (hw["device_name"] or "").upper():
+        return "gh200", f"sweep=auto and the GPU is a GH200: {hw['detail']}"
+    return "gpu", f"sweep=auto and a CUDA GPU that is not a GH200: {hw['detail']}"
+
+
+HW = detect_hardware()
+SWEEP, SWEEP_REASON = select_sweep(config, HW)
+SW = config["sweeps"][SWEEP]
+RES = f"{config['results_dir']}/{SWEEP}"
+STEPS = config["steps_override"] or SW["steps"]
+WARMUP = SW["warmup"] if config["warmup_override"] is None else config["warmup_override"]
+LAUNCHER = config.get("launcher") or SW.get("launcher") or ""
+ONLY = set(config["only_systems"] or [])
+ONLY_MODELS = set(config["only_models"] or [])
+
+
+def print_selection():
+    print(f"superoffload workflow: sweep {SWEEP!r} -> {RES}/ ({SWEEP_REASON})", file=sys.stderr)
+
+
+# --- the run matrix -----------------------------------------------------------------------------------
+def sweep_runs():
+    """Unique (system, model, seq, batch) dicts over the sweep's matrices, in config order."""
+    seen, runs = set(), []
+    for m in SW["matrices"]:
+        for system in m["systems"]:
+            if ONLY and system not in ONLY:
+                continue
+            for model in m["models"]:
+                if ONLY_MODELS and model not in ONLY_MODELS:
+                    continue
+                for seq in m["seq"]:
+                    for batch in m["batch"]:
+                        key = (system, model, seq, batch)
+                        if key not in seen:
+                            seen.add(key)
+                            runs.append({"system": system, "model": model, "seq": seq, "batch": batch,
+                                         "matrix": m["name"]})
+    return runs
+
+
+RUNS = sweep_runs()
+RUN_RECORDS = [f"{RES}/runs/{r['system']}/{r['model']}_s{r['seq']}_b{r['batch']}.json" for r in RUNS]
+
+
+def option_args(options):
+    out = []
+    for k, v in sorted(options.items()):
+        val = v if isinstance(v, str) else json.dumps(v)
+        out += ["-o", f"{k}={val}"]
+    return out
+
+
+def bench_cmd(system, model, seq, batch, steps, warmup, options, threads=None, dtype=None):
+    cmd = [*CLI, "bench", "run", "--system", system, "--model", model, "--seq", str(seq),
+           "--batch", str(batch), "--steps", str(steps), "--warmup", str(warmup),
+           "--dtype", dtype or SW["dtype"], "--grad-clip", str(SW["grad_clip"]), "--no-progress"]
+    if SW["device"] != "auto":
+        cmd += ["--device", SW["device"]]
+    if threads:
+        cmd += ["--threads", str(threads)]
+    if SW["checkpointing"]:
+        cmd.append("--checkpointing")
+    return cmd + option_args(options)
+
+
+def guard(mode, out, log, cmd, **meta):
+    """Shell line: run `cmd` under workflows/scripts/guard.py, which always leaves a result at `out`."""
+    g = [PY, str(SCRIPTS / "guard.py"), mode, "--out", out, "--log", log,
+         "--timeout", str(config["run_timeout_s"])]
+    for k, v in meta.items():
+        g += [f"--{k.replace('_', '-')}", str(v)]
+    pre = shlex.split(LAUNCHER) if LAUNCHER else []
+    return shlex.join(g + ["--", *pre, *cmd])
+
+
+def threads_for(cfg_threads):
+    return cfg_threads or 1
+
+
+# --- ablation --------------------------------------------------------------------------------------------
+def ablation_variants():
+    """name -> {kind, step, technique, options} for cumulative, leave-one-out and alternative runs."""
+    ab = config["ablation"]
+    techs, order = ab["techniques"], ab["order"]
+    missing = [t for t in order if t not in techs]
+    if missing:
+        raise ValueError(f"config: ablation.order names unknown techniques {missing}; "
+                         f"known: {', '.join(techs)}")
+    base = {**SW.get("system_options", {}).get(ab["system"], {}), **ab["extra_options"]}
+    all_on = {**base, **{t: techs[t]["enabled"] for t in order}}
+    variants = {}
+    for i in range(len(order) + 1):
+        opts = {**base, **{t: (techs[t]["enabled"] if j < i else techs[t]["disabled"]) for j, t in enumerate(order)}}
+        name = f"cum{i}-{order[i - 1] if i else 'baseline'}"
+        variants[name] = {"kind": "cumulative", "step": i, "technique": order[i - 1] if i else None,
+                          "options": opts}
+    for t in order:
+        variants[f"loo-{t}"] = {"kind": "leave_one_out", "step": None, "technique": t,
+                                "options": {**all_on, t: techs[t]["disabled"]}}
+    for alt in ab["alternatives"]:
+        label = "-".join(f"{k}-{_slug(str(v))}" for k, v in sorted(alt.items()))
+        variants[f"alt-{label}"] = {"kind": "alternative", "step": None, "technique": None,
+                                    "options": {**all_on, **alt}}
+    return variants
+
+
+ABLATION = ablation_variants()
+ABLATION_RECORDS = ([] if ONLY and config["ablation"]["system"] not in ONLY
+                    else [f"{RES}/ablation/{v}.json" for v in ABLATION])
+
+
+# --- nightly -------------------------------------------------------------------------------------------
+def hardware_key():
+    if config["nightly_hardware_key"]:
+        return config["nightly_hardware_key"]
+    if HW["cuda"]:
+        return "cuda-" + _slug(HW["device_name"].replace("NVIDIA", ""))
+    cpu = _slug(re.sub(r"\((R|TM)\)|CPU|Processor|@.*$", " ", HW["cpu"], flags=re.I))
+    return f"cpu-{_slug(HW['arch'])}-{cpu}-{HW['cpu_count']}c"
+
+
+HW_KEY = hardware_key()
+NIGHTLY_UPDATE = str(config["nightly_update_reference"]).lower() in ("true", "yes", "1")
+NIGHTLY_STAMP = os.environ.setdefault("SUPEROFFLOAD_NIGHTLY_STAMP",
+                                      datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ"))
+NIGHTLY_DIR = f"{config['results_dir']}/nightly/{HW_KEY}/{NIGHTLY_STAMP}"
+NIGHTLY_REFERENCE = str(WF / "benchmarks" / "reference" / f"nightly-{HW_KEY}.json")
+NIGHTLY_CASES = {f"{c['system']}_{c['model']}_s{c['seq']}_b{c['batch']}": c for c in config["nightly"]["cases"]}
+NIGHTLY_RECORDS = [f"{NIGHTLY_DIR}/{case}/rep{i}.json" for case in NIGHTLY_CASES
+                   for i in range(config["nightly"]["repeats"])]
+
+
+wildcard_constraints:
+    system="[a-z_]+",
+    model="[a-z0-9][a-z0-9.\\-]*",
+    seq="[0-9]+",
+    batch="[0-9]+",
+    variant="(cum|loo|alt)[a-z0-9_.\\-]*",
+    case="[a-z0-9_.\\-]+",
+    rep="[0-9]+",

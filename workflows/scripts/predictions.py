@@ -1,0 +1,50 @@
+"""Predicted paper figures: superoffload.planner.paper.paper_comparison() rows and the preset hardware
+profile they assume, in one JSON file. Degrades to {"status": "unavailable"} while the planner part is
+not installed, so the report shows "not available" instead of failing."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+from pathlib import Path
+
+
+def collect(hardware: str) -> dict:
+    out: dict = {"status": "ok", "hardware": hardware, "rows": [], "preset": None, "error": None}
+    try:
+        from superoffload.planner.paper import paper_comparison
+
+        try:
+            rows = paper_comparison(hardware)
+        except TypeError:  # an older signature without the hardware argument
+            rows = paper_comparison()
+        out["rows"] = [dict(r) for r in rows]
+    except ImportError as e:
+        out.update(status="unavailable", error=f"{type(e).__name__}: {e}")
+    except Exception as e:  # noqa: BLE001 - a failing predictor is a result, not a crash
+        out.update(status="error", error=f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}")
+    try:
+        from superoffload.planner.presets import get_profile
+
+        out["preset"] = get_profile(hardware).to_dict()
+    except Exception as e:  # noqa: BLE001
+        out["preset_error"] = f"{type(e).__name__}: {e}"
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--hardware", default="gh200")
+    p.add_argument("--out", required=True, type=Path)
+    a = p.parse_args()
+    data = collect(a.hardware)
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+    print(f"paper_comparison: {data['status']}, {len(data['rows'])} rows")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
