@@ -178,14 +178,21 @@ class Bucket:
 
     def _upload(self, slots: list[ParamSlot]) -> None:
         eng = self.eng
+        flow = eng.flow
         t0 = time.perf_counter()
+        h2d = 0
         with eng.device.stream(eng.upload_stream):
             for s in slots:
                 src = self.upload[s.offset: s.offset + s.numel].view(s.param.shape)
+                if flow is not None and flow.owns(s.param):
+                    # a flowed weight's device storage may be released now: its home is the host store,
+                    # which the block's next fetch reads (after waiting for this bucket's `uploaded`)
+                    flow.write_host(s.param, src)
+                    continue
                 s.param.data.copy_(src, non_blocking=True)
+                h2d += s.numel
             self.upload_event.record(eng.upload_stream)
-        eng.counters.add(bytes_h2d=sum(s.numel for s in slots) * self.upload.element_size(),
-                         upload_s=time.perf_counter() - t0)
+        eng.counters.add(bytes_h2d=h2d * self.upload.element_size(), upload_s=time.perf_counter() - t0)
 
     def speculate(self, scale: float, hps: dict[int, HyperParams], steps: dict[int, int]) -> None:
         """Step this bucket before the global norm is known (clip factor assumed 1)."""

@@ -76,6 +76,10 @@ class SuperOffloadConfig:
     overlap_param_return: bool = True  # next forward waits per layer, not on a barrier in step()
     hbm_budget_bytes: int | None = None  # budget for device tail state (CPU-only: the stand-in for HBM)
     device: str = "auto"  # auto | cuda | cpu
+    # weight flow (docs/weight_flow.md): these blocks keep their weights in host memory, fetched before use
+    flow_layers: list[int] = field(default_factory=list)  # indices into the model's list of blocks
+    flow_prefetch: int = 1  # blocks fetched ahead of use, in forward and in backward order (0 = on demand)
+    flow_module_list: str | None = None  # dotted path of the nn.ModuleList of blocks; None = auto-detect
 
     # ------------------------------------------------------------------------------------------
     @classmethod
@@ -148,10 +152,29 @@ class SuperOffloadConfig:
         sp = self.speculation_policy
         if sp.window < 1 or not 0 <= sp.max_rollback_rate <= 1:
             raise ConfigError("speculation_policy needs window >= 1 and 0 <= max_rollback_rate <= 1")
+        self._validate_flow()
         if self.precision == "fp32" and (self.grad_cast, self.param_cast) != ("device", "host"):
             # with fp32 weights there is nothing to cast; accept only the defaults to avoid a silent no-op
             raise ConfigError("grad_cast/param_cast choose where bf16/fp16 casts happen; with precision "
                               "'fp32' leave them at their defaults")
+
+    def _validate_flow(self) -> None:
+        # the model-dependent checks (the list exists, indices in range) run when the engine sees the model
+        layers = self.flow_layers
+        if not isinstance(layers, (list, tuple)) or not all(
+                isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in layers):
+            raise ConfigError(f"flow_layers must be a list of block indices (integers >= 0), got {layers!r}")
+        if len(set(layers)) != len(layers):
+            raise ConfigError(f"flow_layers lists a block more than once: {list(layers)}")
+        self.flow_layers = list(layers)
+        pf = self.flow_prefetch
+        if not isinstance(pf, int) or isinstance(pf, bool) or pf < 0:
+            raise ConfigError(f"flow_prefetch must be an integer >= 0 (blocks fetched ahead; 0 = on demand), "
+                              f"got {self.flow_prefetch!r}")
+        path = self.flow_module_list
+        if path is not None and (not isinstance(path, str) or not all(path.split("."))):
+            raise ConfigError(f"flow_module_list must be a dotted attribute path such as 'model.layers' (or "
+                              f"null to auto-detect), got {path!r}")
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

@@ -11,7 +11,9 @@ Per optimizer step:
 5. validation in `step()`: the global norm from the per-bucket norms, reduced in bucket order (so it
    is deterministic), then commit, redo with the clip factor, or skip; all exact;
 6. parameter return: each bucket's H2D on an upload stream as soon as its step is final; the next
-   forward waits per module on its buckets' events, never on a global barrier.
+   forward waits per module on its buckets' events, never on a global barrier;
+7. weight flow (`flow_layers`, weight_flow.py): flowed blocks keep their weights in a host store that
+   step 6 writes instead of the device, fetched before each use and released after.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from superoffload.engine.config import ConfigError, SuperOffloadConfig
 from superoffload.engine.layout import ParamSlot, plan_buckets, runs
 from superoffload.engine.loss_scale import DynamicLossScale
 from superoffload.engine.optimizer import OffloadOptimizer
+from superoffload.engine.weight_flow import WeightFlow
 from superoffload.engine.worker import HostWorker
 
 log = logging.getLogger(__name__)
@@ -93,7 +96,8 @@ class SuperOffloadEngine:
             for p in g["params"]:
                 if not p.is_floating_point():
                     raise ConfigError(f"parameter {names.get(id(p))} is not floating point")
-                self.slots.append(ParamSlot(index=len(self.slots), param=p, name=names.get(id(p), f"param{len(self.slots)}"),
+                self.slots.append(ParamSlot(index=len(self.slots), param=p,
+                                            name=names.get(id(p), f"param{len(self.slots)}"),
                                             group=gi, numel=p.numel()))
         self._slot_of = {id(s.param): s.index for s in self.slots}
         # fp32 masters come from the weights as given, before the device copy is cast to `precision`
@@ -117,11 +121,16 @@ class SuperOffloadEngine:
         self._arrival: list[int] = []
         self._ready: list[int] = []
         self.buckets: list[Bucket] = []
+        # validated before the layout (which must keep flowed weights out of device tail buckets); it
+        # releases device storage only in start(), after every check has passed
+        self.flow: WeightFlow | None = WeightFlow(self) if cfg.flow_layers else None
         self._build_layout(list(reversed(range(len(self.slots)))),
                            {i: (m, None, None, None) for i, m in masters.items()})
         self._hooks = [s.param.register_post_accumulate_grad_hook(self._on_grad) for s in self.slots]
         self._hooks += [m.register_forward_pre_hook(self._pre_forward) for m in self.model.modules()
                         if any(id(p) in self._slot_of for p in m.parameters(recurse=False))]
+        if self.flow is not None:
+            self.flow.start()
 
     # ============================================================================================
     # layout
@@ -135,6 +144,8 @@ class SuperOffloadEngine:
             raise ConfigError(f"device_tail_buckets={self.config.device_tail_buckets} needs {tail_bytes} B of "
                               f"device memory for grads + Adam state, budget is {self.device.hbm_budget_bytes} B; "
                               f"lower device_tail_buckets or bucket_size")
+        if self.flow is not None:
+            self.flow.check_layout(self.buckets)
         for b in self.buckets:
             self.worker.register_waiter(b.uploaded)
             self.worker.register_waiter(b.idle)
@@ -196,7 +207,14 @@ class SuperOffloadEngine:
         if boundary:
             self._begin_boundary()
         factor = self.loss_scale.scale / self.config.grad_accum
-        (loss * factor if factor != 1.0 else loss).backward()
+        flow = self.flow
+        if flow is not None:
+            flow.begin_backward()
+        try:
+            (loss * factor if factor != 1.0 else loss).backward()
+        finally:
+            if flow is not None:  # before _finish_backward launches the remaining buckets
+                flow.end_backward()
         self.micro += 1
         if boundary:
             self._finish_backward()
@@ -216,6 +234,8 @@ class SuperOffloadEngine:
         self.optimizer._opt_called = True  # tell torch LR schedulers an optimizer step happened
         self._backward_done = False
         self.global_step += 1
+        if self.flow is not None:
+            self.flow.end_step()
         self.zero_grad()
         if not self.config.overlap_param_return:
             self.synchronize()
@@ -238,7 +258,11 @@ class SuperOffloadEngine:
     def close(self) -> None:
         for h in self._hooks:
             h.remove()
-        self.worker.close()
+        try:
+            if self.flow is not None:
+                self.flow.close()  # weights back on the device: the model is a plain module again
+        finally:
+            self.worker.close()
 
     # ============================================================================================
     # backward: hooks and the device side
@@ -452,7 +476,12 @@ class SuperOffloadEngine:
         self.global_step, self.micro = int(sd["global_step"]), int(sd["micro"])
         with torch.no_grad():
             for s in self.slots:  # device weights = the master cast to precision, as after any step
-                s.param.data.copy_(state[s.index][0].reshape(s.param.shape))
+                if self.flow is not None and self.flow.owns(s.param):
+                    self.flow.write_host(s.param, state[s.index][0])  # its device copy comes from there
+                else:
+                    s.param.data.copy_(state[s.index][0].reshape(s.param.shape))
+        if self.flow is not None:
+            self.flow.reload_resident()
         self.device.synchronize()
 
     @property
@@ -462,6 +491,7 @@ class SuperOffloadEngine:
         dev = [b for b in self.buckets if b.on_device]
         c.setdefault("bytes_d2h", 0)
         c.setdefault("bytes_h2d", 0)
+        extra = {"weight_flow": self.flow.stats()} if self.flow is not None else {}
         return {
             "buckets_host": len(host), "buckets_device": len(dev),
             "bucket_size": self.config.bucket_size, "params": sum(s.numel for s in self.slots),
@@ -478,4 +508,5 @@ class SuperOffloadEngine:
                             "rollback_time_s": c.get("rollback_s", 0.0)},
             "loss_scale": self.loss_scale.scale if self.loss_scale.enabled else None,
             "config": self.config.to_dict(),
+            **extra,
         }
