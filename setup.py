@@ -41,6 +41,12 @@ class BuildGraceAdam(build_ext):
             return os.path.join(*fullname.split(".")) + ".so"
         return super().get_ext_filename(fullname)
 
+    def copy_extensions_to_source(self) -> None:
+        # editable installs copy the built library into grace_adam/_lib/, which a fresh clone lacks
+        # (the folder holds only build outputs, so git does not track it)
+        os.makedirs(os.path.join(os.path.dirname(os.path.abspath(__file__)), "grace_adam", "_lib"), exist_ok=True)
+        super().copy_extensions_to_source()
+
     def build_extension(self, ext: Extension) -> None:
         if ext.name != LIB_EXT:
             super().build_extension(ext)

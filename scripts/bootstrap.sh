@@ -25,8 +25,15 @@ if ! .venv/bin/python -c 'import torch' 2>/dev/null; then
 fi
 stamp=".venv/.installed-$(cat pyproject.toml setup.py 2>/dev/null | sha256sum | cut -c1-16)-${EXTRAS//,/_}"
 if [ ! -f "$stamp" ]; then
-  .venv/bin/pip install --quiet -e ".[${EXTRAS}]" 2>&1 | grep -v "WARNING: Location" || true
-  .venv/bin/python -c 'import superoffload, grace_adam' # fail here, not later, if the install broke
+  log=.venv/install.log
+  if ! .venv/bin/pip install --quiet -e ".[${EXTRAS}]" >"$log" 2>&1; then
+    grep -v "WARNING: Location" "$log" | tail -40 >&2
+    echo "bootstrap: installing the project failed (full log: $log)" >&2
+    exit 1
+  fi
+  # from outside the checkout, so this proves the install, not the source tree on sys.path
+  (cd / && "$OLDPWD/.venv/bin/python" -c 'import superoffload.cli.main, grace_adam, baselines') || {
+    echo "bootstrap: the installed packages do not import" >&2; exit 1; }
   rm -f .venv/.installed-*
   touch "$stamp"
 fi
