@@ -135,7 +135,7 @@ class Bucket:
     # --- the kernel over this bucket's present parameters -------------------------------------------
     def _run_kernel(self, scale: float, hps: dict[int, HyperParams], steps: dict[int, int], *, commit: bool,
                     write_upload: bool) -> None:
-        import grace_adam
+        from superoffload.engine import host_adam
 
         eng = self.eng
         lowp_up = self.upload is not None and self.upload.dtype != torch.float32
@@ -148,8 +148,8 @@ class Bucket:
         for start, end, members in runs(self.slots, key=key):
             hp = hps[members[0].group]
             sl = slice(start, end)
-            grace_adam.adam_step(
-                self.master[sl], self.landing[sl], self.exp_avg[sl], self.exp_avg_sq[sl],
+            host_adam.adam_step(
+                eng.config.host_optimizer, self.master[sl], self.landing[sl], self.exp_avg[sl], self.exp_avg_sq[sl],
                 step=steps[members[0].index] + 1, lr=hp.lr, beta1=hp.beta1, beta2=hp.beta2, eps=hp.eps,
                 weight_decay=hp.weight_decay, adamw=eng.config.optimizer.adamw,
                 bias_correction=eng.config.optimizer.bias_correction, grad_scale=scale,

@@ -17,6 +17,7 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 ROLLBACK_MODES = ("deferred", "full_copy")
 GRAD_CAST = ("device", "host")
 PARAM_CAST = ("host", "device")
+HOST_OPTIMIZERS = ("grace", "torch", "cpuadam")
 
 
 class ConfigError(ValueError):
@@ -73,6 +74,7 @@ class SuperOffloadConfig:
     loss_scale: LossScaleConfig = field(default_factory=LossScaleConfig)
     weight_decay_split: bool = True  # matrices decay; biases, norms and other 1-D params do not
     host_threads: int | None = None  # GraceAdam threads (default: its own default)
+    host_optimizer: str = "grace"  # host Adam kernel: grace | torch (fused CPU AdamW) | cpuadam (DeepSpeed)
     overlap_param_return: bool = True  # next forward waits per layer, not on a barrier in step()
     hbm_budget_bytes: int | None = None  # budget for device tail state (CPU-only: the stand-in for HBM)
     device: str = "auto"  # auto | cuda | cpu
@@ -139,6 +141,12 @@ class SuperOffloadConfig:
             raise ConfigError(f"grad_clip must be >= 0 (0 disables clipping), got {self.grad_clip}")
         if not isinstance(self.grad_accum, int) or self.grad_accum < 1:
             raise ConfigError(f"grad_accum must be an integer >= 1, got {self.grad_accum!r}")
+        _choice("host_optimizer", self.host_optimizer, HOST_OPTIMIZERS)
+        if self.host_optimizer != "grace" and self.optimizer.amsgrad:
+            raise ConfigError(f"amsgrad needs host_optimizer 'grace' (got {self.host_optimizer!r})")
+        if self.host_optimizer == "torch" and not self.optimizer.bias_correction:
+            raise ConfigError("host_optimizer 'torch' always applies bias correction; use 'grace' or "
+                              "set optimizer.bias_correction: true")
         if self.host_threads is not None and self.host_threads < 1:
             raise ConfigError(f"host_threads must be >= 1, got {self.host_threads}")
         ls = self.loss_scale
