@@ -1,4 +1,7 @@
-"""Provenance: what machine and software produced a number."""
+"""Provenance: what machine and software produced a number.
+
+`cpu_model`, `git_commit` and `dist_version` import nothing heavy (no torch), so the workflow's
+scripts use them too."""
 
 from __future__ import annotations
 
@@ -12,10 +15,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import torch
 
-
-def _version(dist: str) -> str | None:
+def dist_version(dist: str) -> str | None:
     try:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
@@ -47,6 +48,8 @@ def git_commit(repo: Path | None = None) -> tuple[str | None, bool | None]:
 
 @functools.lru_cache(maxsize=1)
 def collect(device_name: str = "cpu") -> dict[str, Any]:
+    import torch
+
     commit, dirty = git_commit()
     cuda = torch.version.cuda if torch.cuda.is_available() else None
     driver = None
@@ -67,9 +70,9 @@ def collect(device_name: str = "cpu") -> dict[str, Any]:
         "torch": torch.__version__,
         "cuda": cuda,
         "driver": driver,
-        "deepspeed": _version("deepspeed"),
-        "transformers": _version("transformers"),
-        "superoffload": _version("superoffload"),
+        "deepspeed": dist_version("deepspeed"),
+        "transformers": dist_version("transformers"),
+        "superoffload": dist_version("superoffload"),
         "git_commit": commit,
         "git_dirty": dirty,
         "hostname_hash": hashlib.sha256(socket.gethostname().encode()).hexdigest()[:12],

@@ -16,16 +16,19 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import hashlib
-import importlib.metadata
 import json
 import os
-import platform
 import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # the checkout's superoffload, installed or not
+from superoffload.harness.provenance import cpu_model as _cpu  # noqa: E402  (torch-free)
+from superoffload.harness.provenance import dist_version, git_commit  # noqa: E402
 
 TAIL = 4000
 
@@ -54,37 +57,11 @@ def _unavailable(stderr: str, rc: int | None) -> bool:
 
 
 def _version(dist: str) -> str:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
+    return dist_version(dist) or "unknown"
 
 
 def _git_commit() -> str | None:
-    try:
-        return (
-            subprocess.run(
-                ["git", "rev-parse", "HEAD"],
-                capture_output=True,
-                text=True,
-                timeout=10,
-                check=True,
-                cwd=Path(__file__).resolve().parents[2],
-            ).stdout.strip()
-            or None
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return git_commit(ROOT)[0]
 
 
 def _model_block(name: str) -> dict:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import hashlib
-import importlib.metadata
 import json
 import os
 import platform
@@ -17,6 +16,9 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # the checkout's superoffload, installed or not
+from superoffload.harness.provenance import cpu_model as _cpu  # noqa: E402  (torch-free)
+from superoffload.harness.provenance import dist_version as _version  # noqa: E402
 
 
 def _run(cmd: list[str], timeout: float = 60) -> tuple[int | None, str]:
@@ -25,23 +27,6 @@ def _run(cmd: list[str], timeout: float = 60) -> tuple[int | None, str]:
         return p.returncode, p.stdout if p.returncode == 0 else p.stdout + p.stderr
     except (OSError, subprocess.SubprocessError) as e:
         return None, f"{type(e).__name__}: {e}"
-
-
-def _version(dist: str) -> str | None:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def collect(out_dir: Path) -> dict:
