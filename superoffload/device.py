@@ -109,6 +109,19 @@ class Device:
         """True when device tensors are host tensors (CPU-only): a "transfer" can alias, not copy."""
         return not self.is_cuda
 
+    def grad_norm_sq(self, flat: torch.Tensor) -> torch.Tensor:
+        """Σ x² of a flat gradient accumulated in fp64, as a 1-element fp64 tensor on the device.
+
+        A non-finite element makes the result non-finite (squares of finite fp32/bf16/fp16 values
+        cannot overflow fp64), so this one reduction is also the bucket's finite flag. CPU-only: the
+        GraceAdam statistics pass (one multi-threaded read, deterministic for any thread count)."""
+        if not self.is_cuda:
+            import grace_adam
+
+            norm_sq, finite = grace_adam.grad_stats(flat)
+            return torch.tensor([norm_sq if finite else float("inf")], dtype=torch.float64)
+        return torch.linalg.vector_norm(flat, dtype=torch.float64).square().reshape(1)
+
     # --- the device-side optimizer (repartitioned tail buckets) --------------------------------------
     def adam_step(self, param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor,
                   exp_avg_sq: torch.Tensor, *, step: int, lr: float, beta1: float, beta2: float, eps: float,

@@ -72,10 +72,12 @@ class Bucket:
         self.max_exp_avg_sq = state() if cfg.optimizer.amsgrad else None
         if self.on_device:
             self.landing = self.upload = None
+            self.aliased = set()
         else:
             self.landing = self.dev_grad if dev.shares_host_memory else dev.empty_host(n, grad_dtype)
             up_dtype = eng.dtype if (lowp and cfg.param_cast == "host") else torch.float32
             self.upload = dev.empty_host(n, up_dtype)
+            self._alias_params(dev.shares_host_memory and up_dtype == eng.dtype)
         self.backup = (dev.empty_host(3 * n, torch.float32)
                        if cfg.rollback_mode == "full_copy" and not self.on_device else None)
         # per-step state
@@ -86,6 +88,22 @@ class Bucket:
         self.spec_scale = 1.0
         self.spec_hps: dict[int, HyperParams] = {}
         self.spec_state = "none"  # set by the worker: "none" | "speculated" | "nonfinite"
+
+    def _alias_params(self, possible: bool) -> None:
+        """When the device is the host and the upload copy has the weights' dtype, make each parameter a
+        view of its slice of `upload`: the kernel's output then *is* the new weight and the "H2D" copy
+        disappears. Weight-flow parameters keep their own storage (it is released between uses)."""
+        self.aliased: set[int] = set()
+        if not possible:
+            return
+        flow = self.eng.flow
+        for s in self.slots:
+            if flow is not None and flow.owns(s.param):
+                continue
+            view = self.upload[s.offset: s.offset + s.numel]
+            view.copy_(s.param.data.reshape(-1))
+            s.param.data = view.view(s.param.shape)
+            self.aliased.add(s.index)
 
     # --- sizes --------------------------------------------------------------------------------------
     @property
@@ -184,6 +202,8 @@ class Bucket:
         with eng.device.stream(eng.upload_stream):
             for s in slots:
                 src = self.upload[s.offset: s.offset + s.numel].view(s.param.shape)
+                if s.index in self.aliased:
+                    continue  # the parameter is a view of `upload`: already written
                 if flow is not None and flow.owns(s.param):
                     # a flowed weight's device storage may be released now: its home is the host store,
                     # which the block's next fetch reads (after waiting for this bucket's `uploaded`)

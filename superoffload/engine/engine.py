@@ -322,10 +322,8 @@ class SuperOffloadEngine:
                     view.copy_(s.param.grad.reshape(-1))
                 else:
                     view.zero_()
-            # one reduction gives both the norm and the finite flag (an Inf/NaN makes the norm non-finite;
-            # squares of finite fp32/bf16/fp16 values cannot overflow fp64)
-            norm = torch.linalg.vector_norm(b.dev_grad, dtype=torch.float64)
-            b.norm_host.copy_(norm.reshape(1), non_blocking=True)
+            # one reduction gives both the squared norm and the finite flag (Device.grad_norm_sq)
+            b.norm_host.copy_(self.device.grad_norm_sq(b.dev_grad), non_blocking=True)
             if b.landing is not None and b.landing is not b.dev_grad:
                 b.landing.copy_(b.dev_grad, non_blocking=True)
                 self.counters.add(bytes_d2h=b.dev_grad.numel() * b.dev_grad.element_size())
@@ -345,9 +343,9 @@ class SuperOffloadEngine:
         total2, finite = 0.0, True
         for b in self.buckets:  # fixed order: the reduction is deterministic
             b.d2h_event.synchronize()
-            n = float(b.norm_host[0])
-            if math.isfinite(n):
-                total2 += n * n
+            n2 = float(b.norm_host[0])  # the bucket's squared norm
+            if math.isfinite(n2):
+                total2 += n2
             else:
                 finite = False
         inv = 1.0 / self.loss_scale.scale

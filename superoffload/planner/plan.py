@@ -240,6 +240,12 @@ def _raise_hbm(w: Workload, hw: HardwareProfile, opts: Options, budget: float) -
 
 def _choose_tail(w: Workload, hw: HardwareProfile, opts: Options, budget: float,
                  reasons: list[str]) -> tuple[int, Prediction]:
+    if hw.device_is_host:
+        # one processor: a tail bucket moves work from a host step that overlaps backward (on the worker)
+        # to a serial step after it, on the same cores; the cost model cannot see that contention
+        reasons.append("Device tail: 0 buckets: the device is the host itself, so a tail bucket only turns "
+                       "an overlapped host step into a serial one on the same cores.")
+        return 0, predict("superoffload", w, hw, replace(opts, device_tail_buckets=0))
     n_buckets = math.ceil(w.shape.total_params() / opts.bucket_size_params)
     free = budget - _device_need(w, hw, opts)
     max_tail = max(0, min(n_buckets, int(free // (TAIL_STATE_BYTES * opts.bucket_size_params))))
