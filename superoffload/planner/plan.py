@@ -137,10 +137,20 @@ def make_plan(shape: ModelShape, seq: int, batch: int, hardware: HardwareProfile
     # 5. device tail buckets: minimise the step under the HBM budget
     tail, pred = _choose_tail(w, hw, opts, budget, reasons)
     opts = replace(opts, device_tail_buckets=tail)
+
+    # 6. speculation: it uses a host that would otherwise wait for backward; when the device *is* the
+    # host there is no idle processor, and the speculative pass plus the deferred commit cost cores
+    # that backward needs (measured on gpt-small, 2 cores: 1.22x the torch step with speculation,
+    # 1.08x without; benchmarks/engine_bench.py overhead). Both give the same bits.
+    speculation = not hw.device_is_host
+    if not speculation:
+        reasons.append("Speculation: off: the device is the host, so there is no idle host to overlap "
+                       "with backward; validate-then-step is the same arithmetic with one pass fewer.")
+        pred = predict("superoffload", w, hw, replace(opts, speculation=False))
     return Plan(model=shape.name, seq=seq, batch=batch, hardware=hw.name,
                 activation_checkpointing=activation_checkpointing, bucket_size_params=bucket,
                 device_tail_buckets=tail, cast_policy=cast, flow_layers=list(flow), host_adam=kind,
-                exact_mode=exact, speculation=True, hbm_budget_bytes=budget, grad_accum=grad_accum,
+                exact_mode=exact, speculation=speculation, hbm_budget_bytes=budget, grad_accum=grad_accum,
                 predicted=pred, reasons=reasons)
 
 

@@ -22,6 +22,9 @@ def test_plan_is_consumed_and_recorded():
     assert plan["hardware"] == "cpu" and plan["reasons"]
     assert st["bucket_size"] == plan["bucket_size_params"]
     assert st["buckets_device"] == min(plan["device_tail_buckets"], st["buckets_device"] + st["buckets_host"])
+    # CPU-only: the planner turns speculation off (no idle host to overlap with)
+    assert plan["speculation"] is False and rec["rollbacks"]["validate_first"] == 4
+    rec = _run(system_options={"speculation": True})
     assert rec["rollbacks"]["steps"] == 4 and rec["rollbacks"]["speculated"] == 4
 
 

@@ -1,7 +1,7 @@
 """The `superoffload` system: our engine under the common harness.
 
 By default the engine runs the planner's plan for this model, sequence, batch and hardware (bucket
-size, device tail buckets, casting policy, weight-flow layers); the plan and its reasons land in the
+size, device tail buckets, speculation, casting policy, weight-flow layers); the plan and its reasons land in the
 record. System options (`-o KEY=VALUE`) override: any engine config key (`bucket_size`,
 `device_tail_buckets`, `speculation`, `rollback_mode`, `grad_cast`, `param_cast`, `host_threads`, ...),
 plus `plan=false` (engine defaults instead of the plan), `hardware=NAME|PATH` (the planner's
@@ -55,6 +55,7 @@ def engine_config(run: RunConfig, plan=None) -> SuperOffloadConfig:
     planned: dict[str, Any] = {}
     if plan is not None:
         planned = {"bucket_size": plan.bucket_size_params, "device_tail_buckets": plan.device_tail_buckets,
+                   "speculation": plan.speculation,
                    "rollback_mode": plan.exact_mode if plan.exact_mode != "none" else "deferred"}
         if run.dtype != "fp32":
             planned.update(grad_cast=plan.cast_policy, param_cast="host" if plan.cast_policy == "host" else "device")
