@@ -200,6 +200,10 @@ class Bucket:
         t0 = time.perf_counter()
         h2d = 0
         with eng.device.stream(eng.upload_stream):
+            # the compute stream may still have queued kernels that read these weights (a Linear's
+            # grad-input uses W after W's grad is accumulated); the bucket's D2H event was recorded after
+            # the side stream caught up with them, so writing after it cannot race those reads
+            eng.upload_stream.wait_event(self.d2h_event)
             for s in slots:
                 src = self.upload[s.offset: s.offset + s.numel].view(s.param.shape)
                 if s.index in self.aliased:
