@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import superoffload
-from tests.engine.helpers import OPT, assert_state_equal, batches, make_model
+from tests.engine.helpers import OPT, assert_state_equal, batches, make_model, train_engine
 
 
 class Schedule:
@@ -61,15 +61,7 @@ class Schedule:
 def run(model_fn, cfg: dict, steps: int, sched: Schedule, data, accum: int = 1):
     model = model_fn()
     sched.attach(model)
-    engine = superoffload.initialize(model, {**cfg, "grad_accum": accum})
-    for i in range(steps):
-        sched.before_step(engine, i)
-        b = data.batch_at(i)
-        for x, y in zip(b.inputs, b.targets, strict=True):
-            engine.backward(engine(x, y))
-        engine.step()
-    engine.synchronize()
-    return engine
+    return train_engine(model, {**cfg, "grad_accum": accum}, steps, data, hook=sched.before_step)[0]
 
 
 def make_schedule(steps: int) -> Schedule:

@@ -16,7 +16,7 @@ import torch
 import superoffload
 from superoffload.engine import ConfigError
 from superoffload.harness.models import build_model, get_shape
-from tests.engine.helpers import OPT, assert_state_equal, batches
+from tests.engine.helpers import OPT, assert_state_equal, batches, train_engine
 from tests.engine.test_speculation import Schedule, make_schedule
 
 SEQ = 16
@@ -34,19 +34,8 @@ def run(make, cfg: dict, steps: int, sched: Schedule | None, data, accum: int = 
     model = make()
     if sched is not None:
         sched.attach(model)
-    engine = superoffload.initialize(model, {**cfg, "grad_accum": accum})
-    losses = []
-    for i in range(steps):
-        if sched is not None:
-            sched.before_step(engine, i)
-        b = data.batch_at(i)
-        for x, y in zip(b.inputs, b.targets, strict=True):
-            loss = engine(x, y)
-            engine.backward(loss)
-            losses.append(loss.item())
-        engine.step()
-    engine.synchronize()
-    return engine, losses
+    return train_engine(model, {**cfg, "grad_accum": accum}, steps, data,
+                        hook=sched.before_step if sched is not None else None)
 
 
 def assert_same_weights(a, b) -> None:
