@@ -58,6 +58,38 @@ def _matmul_flops(device: str, dtype: torch.dtype, n: int, repeats: int, sync: C
     return 2.0 * n**3 / _best(lambda: torch.matmul(a, b), repeats, sync)
 
 
+def _matmul_curve(device: str, dtype: torch.dtype, quick: bool, sync: Callable[[], None]) -> LinkCurve:
+    """Achieved GFLOP/s of one square GEMM call vs its FLOPs: small GEMMs run far below peak."""
+    sizes = (64, 256, 1024) if quick else (32, 64, 128, 256, 512, 1024, 2048)
+    flops, rates = [], []
+    for n in sizes:
+        f = 2.0 * n**3
+        flops.append(int(f))
+        rates.append(_matmul_flops(device, dtype, n, 5 if n <= 256 else 3, sync) / 1e9)
+    return LinkCurve(flops, rates)
+
+
+def _elementwise_gbps(device: str, sync: Callable[[], None]) -> float:
+    """Streaming rate of a binary elementwise op (read 2, write 1) on activation-sized tensors."""
+    a, b = (torch.randn(1 << 22, device=device) for _ in range(2))
+    out = torch.empty_like(a)
+    return 3 * a.numel() * 4 / _best(lambda: torch.add(a, b, out=out), 5, sync) / GB
+
+
+def _op_overhead(device: str, sync: Callable[[], None]) -> float:
+    """Forward + backward dispatch cost of one tiny autograd op (what small models pay per layer op
+    regardless of size): a chain of 100 adds on an 8-element tensor that requires grad."""
+    x = torch.ones(8, device=device, requires_grad=True)
+
+    def chain() -> None:
+        y = x
+        for _ in range(100):
+            y = y + 1.0
+        y.sum().backward()
+
+    return _best(chain, 5, sync) / 100
+
+
 def _attention_factor(device: str, dtype: torch.dtype, quick: bool, matmul: float,
                       sync: Callable[[], None]) -> float:
     b, h, s, d = (1, 4, 512, 64) if device == "cpu" else ((2, 16, 2048, 128) if quick else (4, 32, 4096, 128))
@@ -185,7 +217,9 @@ def _cpu_profile(quick: bool) -> HardwareProfile:
         host_adam_gbps=adam, host_cores=os.cpu_count() or 1, host_memory_bytes=mem,
         host_cast_gbps=cast, sync_latency_s=_thread_sync_latency(),
         device_reserve_bytes=min(2**30, mem // 16), host_reserve_bytes=min(4 * 2**30, mem // 8),
-        device_is_host=True, notes=notes)
+        device_is_host=True, notes=notes,
+        matmul_curve=_matmul_curve("cpu", torch.float32, quick, lambda: None),
+        elementwise_gbps=_elementwise_gbps("cpu", lambda: None), op_overhead_s=_op_overhead("cpu", lambda: None))
 
 
 def _cuda_link(direction: str, pinned: bool, sizes: list[int], repeats: int) -> LinkCurve:
@@ -235,7 +269,9 @@ def _cuda_profile(quick: bool) -> HardwareProfile:
         device_cast_gbps=_cast_gbps("cuda", 2**26 if quick else 2**28, sync),
         host_adam_gbps=adam, host_cores=os.cpu_count() or 1, host_memory_bytes=_host_memory_bytes(),
         host_cast_gbps=_cast_gbps("cpu", 2**22 if quick else 2**26, lambda: None),
-        sync_latency_s=_best(event_roundtrip, 20), notes=notes)
+        sync_latency_s=_best(event_roundtrip, 20), notes=notes,
+        matmul_curve=_matmul_curve("cuda", torch.bfloat16, quick, sync),
+        elementwise_gbps=_elementwise_gbps("cuda", sync), op_overhead_s=_op_overhead("cuda", sync))
 
 
 def calibrate(out_path: str | os.PathLike[str] | None = None, quick: bool = False) -> HardwareProfile:

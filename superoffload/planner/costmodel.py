@@ -80,6 +80,8 @@ class _Costs:
         mm = hw.device_matmul_flops
         self.fwd_layer = lf.matmul / mm + lf.attention / (mm * hw.attention_factor)
         self.fwd_head = head_forward_flops(w.shape, w.seq, w.batch) / mm
+        if hw.matmul_curve is not None and hw.elementwise_gbps and hw.op_overhead_s is not None:
+            self.fwd_layer, self.fwd_head = _small_op_forward(w, hw, lf.attention)
         self.hw = hw
 
     def link(self, direction: str, params: float, bytes_per_param: int, real: int,
@@ -92,6 +94,40 @@ class _Costs:
 
     def device_cast(self, params: float) -> float:
         return self.hw.cast_seconds(params, on_host=False)
+
+
+# Per transformer block forward: ~12 dispatched ops (2 norms, 4 GEMMs, attention, activation, 2 residual
+# adds, reshapes) and ~(14h + 2f) activation elements read or written per token outside the GEMMs;
+# the head adds the logits GEMM and ~4V elements per token of loss traffic. Backward is charged 2x
+# (as everywhere in this model). Counts read off superoffload/harness/models/gpt.py, not fitted.
+BLOCK_OPS = 12
+HEAD_OPS = 6
+ACT_BYTES = 4
+
+
+def _block_gemms(shape, tokens: int) -> list[tuple[int, int, int]]:
+    h, f, kv = shape.hidden, shape.ffn_hidden, shape.n_kv_heads * shape.head_dim
+    mlp = [(tokens, h, f), (tokens, h, f), (tokens, f, h)] if shape.gated_mlp else [(tokens, h, f), (tokens, f, h)]
+    return [(tokens, h, h + 2 * kv), (tokens, h, h)] + mlp
+
+
+def _gemm_seconds(hw: HardwareProfile, m: int, k: int, n: int) -> float:
+    flops = 2.0 * m * k * n
+    return flops / (hw.matmul_curve.bandwidth(flops) * 1e9)
+
+
+def _small_op_forward(w: Workload, hw: HardwareProfile, attention_flops: float) -> tuple[float, float]:
+    """Forward seconds of one block and of the head with per-GEMM efficiency, elementwise traffic and
+    per-op dispatch (used when the profile was measured by calibrate)."""
+    sh, tokens = w.shape, w.seq * w.batch
+    gemm = sum(_gemm_seconds(hw, *g) for g in _block_gemms(sh, tokens))
+    attn = attention_flops / (hw.device_matmul_flops * hw.attention_factor)
+    elementwise = tokens * (14 * sh.hidden + 2 * sh.ffn_hidden) * ACT_BYTES / (hw.elementwise_gbps * 1e9)
+    # op_overhead_s is forward + backward per op; backward is charged 2x the forward below
+    layer = gemm + attn + elementwise + BLOCK_OPS * hw.op_overhead_s / 3
+    head = (_gemm_seconds(hw, tokens, sh.hidden, sh.vocab)
+            + tokens * 4 * sh.vocab * ACT_BYTES / (hw.elementwise_gbps * 1e9) + HEAD_OPS * hw.op_overhead_s / 3)
+    return layer, head
 
 
 def layer_forward_seconds(w: Workload, hw: HardwareProfile) -> float:

@@ -109,6 +109,13 @@ class HardwareProfile:
     host_reserve_bytes: int = 16 * GiB  # OS, runtime, data loader, page cache floor
     device_is_host: bool = False  # "cpu" profile: the device is the CPU and the link is a memcpy
     notes: list[str] = field(default_factory=list)
+    # Small-op realism, measured by `calibrate` (None in the presets, which then model GEMMs and
+    # attention at large-GEMM speed only): achieved GFLOP/s of one GEMM call vs its FLOPs (a LinkCurve
+    # whose "sizes" are FLOPs and "gbps" GFLOP/s), streaming GB/s of elementwise ops (norms, GELU,
+    # residual adds, the loss), and the dispatch cost of one small op.
+    matmul_curve: LinkCurve | None = None
+    elementwise_gbps: float | None = None
+    op_overhead_s: float | None = None
 
     # --- derived rates ---------------------------------------------------------------------------
     def host_adam_seconds(self, params: float, kind: str, extra_bytes_per_param: float = 0.0) -> float:
@@ -139,8 +146,9 @@ class HardwareProfile:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> HardwareProfile:
         d = dict(d)
-        for key in ("h2d_pinned", "d2h_pinned", "h2d_pageable", "d2h_pageable"):
-            d[key] = LinkCurve(**d[key])
+        for key in ("h2d_pinned", "d2h_pinned", "h2d_pageable", "d2h_pageable", "matmul_curve"):
+            if d.get(key) is not None:
+                d[key] = LinkCurve(**d[key])
         known = set(cls.__dataclass_fields__)
         unknown = set(d) - known
         if unknown:
