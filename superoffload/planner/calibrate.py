@@ -90,6 +90,19 @@ def _op_overhead(device: str, sync: Callable[[], None]) -> float:
     return _best(chain, 5, sync) / 100
 
 
+def _attention_bwd_ratio(device: str, dtype: torch.dtype, sync: Callable[[], None]) -> float:
+    """Backward / forward time of causal SDPA at a small-model shape (CPU kernels are far from 2x)."""
+    shape = (2, 4, 512, 32) if device == "cpu" else (2, 16, 2048, 128)
+    q, k, v = (torch.randn(*shape, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
+
+    def fwd() -> torch.Tensor:
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    t_fwd = _best(lambda: fwd(), 3, sync)
+    t_both = _best(lambda: fwd().sum().backward(), 3, sync)
+    return max(0.5, (t_both - t_fwd) / t_fwd)
+
+
 def _attention_factor(device: str, dtype: torch.dtype, quick: bool, matmul: float,
                       sync: Callable[[], None]) -> float:
     b, h, s, d = (1, 4, 512, 64) if device == "cpu" else ((2, 16, 2048, 128) if quick else (4, 32, 4096, 128))
@@ -219,7 +232,8 @@ def _cpu_profile(quick: bool) -> HardwareProfile:
         device_reserve_bytes=min(2**30, mem // 16), host_reserve_bytes=min(4 * 2**30, mem // 8),
         device_is_host=True, notes=notes,
         matmul_curve=_matmul_curve("cpu", torch.float32, quick, lambda: None),
-        elementwise_gbps=_elementwise_gbps("cpu", lambda: None), op_overhead_s=_op_overhead("cpu", lambda: None))
+        elementwise_gbps=_elementwise_gbps("cpu", lambda: None), op_overhead_s=_op_overhead("cpu", lambda: None),
+        attention_bwd_ratio=_attention_bwd_ratio("cpu", torch.float32, lambda: None))
 
 
 def _cuda_link(direction: str, pinned: bool, sizes: list[int], repeats: int) -> LinkCurve:
@@ -271,7 +285,8 @@ def _cuda_profile(quick: bool) -> HardwareProfile:
         host_cast_gbps=_cast_gbps("cpu", 2**22 if quick else 2**26, lambda: None),
         sync_latency_s=_best(event_roundtrip, 20), notes=notes,
         matmul_curve=_matmul_curve("cuda", torch.bfloat16, quick, sync),
-        elementwise_gbps=_elementwise_gbps("cuda", sync), op_overhead_s=_op_overhead("cuda", sync))
+        elementwise_gbps=_elementwise_gbps("cuda", sync), op_overhead_s=_op_overhead("cuda", sync),
+        attention_bwd_ratio=_attention_bwd_ratio("cuda", torch.bfloat16, sync))
 
 
 def calibrate(out_path: str | os.PathLike[str] | None = None, quick: bool = False) -> HardwareProfile:

@@ -80,8 +80,13 @@ class _Costs:
         mm = hw.device_matmul_flops
         self.fwd_layer = lf.matmul / mm + lf.attention / (mm * hw.attention_factor)
         self.fwd_head = head_forward_flops(w.shape, w.seq, w.batch) / mm
+        self.bwd_layer = 2 * self.fwd_layer
         if hw.matmul_curve is not None and hw.elementwise_gbps and hw.op_overhead_s is not None:
             self.fwd_layer, self.fwd_head = _small_op_forward(w, hw, lf.attention)
+            # backward: 2x forward, except attention, whose backward/forward ratio calibrate measures
+            attn = lf.attention / (mm * hw.attention_factor)
+            ratio = hw.attention_bwd_ratio if hw.attention_bwd_ratio is not None else 2.0
+            self.bwd_layer = 2 * (self.fwd_layer - attn) + ratio * attn
         self.hw = hw
 
     def link(self, direction: str, params: float, bytes_per_param: int, real: int,
@@ -215,7 +220,7 @@ class _Builder:
                     if ckpt:
                         prev = g.add(f"it{it}.rec{i}", COMPUTE, self.c.fwd_layer, deps, "recompute", it)
                         deps = [prev]
-                    prev = g.add(f"it{it}.bwd{i}", COMPUTE, 2 * self.c.fwd_layer, deps, "backward", it)
+                    prev = g.add(f"it{it}.bwd{i}", COMPUTE, self.c.bwd_layer, deps, "backward", it)
                     if i in self.stream:
                         slot_users.append(prev)
                     grad_ready[bk.layer_unit(i)] = prev

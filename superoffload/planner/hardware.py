@@ -116,6 +116,7 @@ class HardwareProfile:
     matmul_curve: LinkCurve | None = None
     elementwise_gbps: float | None = None
     op_overhead_s: float | None = None
+    attention_bwd_ratio: float | None = None  # SDPA backward time / forward time (None: 2, like GEMMs)
 
     # --- derived rates ---------------------------------------------------------------------------
     def host_adam_seconds(self, params: float, kind: str, extra_bytes_per_param: float = 0.0) -> float:
