@@ -43,6 +43,12 @@ STYLE = {
 }
 
 
+def _footnote(fig: plt.Figure, text: str) -> None:
+    """A small grey note under the axes (sources, status labels), leaving room for it in the layout."""
+    fig.text(0.01, 0.01, text, fontsize=7, color="#666666")
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+
+
 def _color(system: str) -> str:
     return COLORS.get(system, "#8c564b")
 
@@ -158,15 +164,11 @@ def throughput_vs_size(results: dict) -> plt.Figure:
     else:
         pc = results["paper_comparison"]
         empty(axp, f"No predictions ({pc['status']}).\n" + D.first_line(pc.get("error"), 80))
-    fig.text(
-        0.01,
-        0.01,
+    _footnote(
+        fig,
         "paper (Fig 10): per-size values are not in the sources we could read ([MISSING]); "
         "missing models on the right = predicted not to fit",
-        fontsize=7,
-        color="#666666",
     )
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
     return fig
 
 
@@ -389,15 +391,11 @@ def ablation(results: dict) -> plt.Figure:
         ax.set_xticks(list(x), [r["label"] for r in rows], rotation=25, ha="right", fontsize=7)
         ax.set_ylabel(ylabel)
         ax.legend(fontsize=7)
-    fig.text(
-        0.01,
-        0.01,
+    _footnote(
+        fig,
         f"ablation records: {note}; paper factors 1.104 / 1.127 / 1.45 / 1.141 "
         f"(total {P.ABLATION_TOTAL}x, stacking order unknown)",
-        fontsize=7,
-        color="#666666",
     )
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
     return fig
 
 
@@ -596,15 +594,11 @@ def cast(results: dict) -> plt.Figure:
         ax.set_xlabel("bytes")
         ax.set_ylabel(ylabel)
         ax.legend(fontsize=5)
-    fig.text(
-        0.01,
-        0.01,
+    _footnote(
+        fig,
         "paper (blog Fig 4): on GH200, cast on the GPU then move fp32 is best [V]; its latencies "
         "are [MISSING]. On a CPU-only host the 'device' is the CPU, so this only checks the plumbing.",
-        fontsize=7,
-        color="#666666",
     )
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
     return fig
 
 
