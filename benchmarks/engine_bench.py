@@ -1,8 +1,9 @@
 """Engine benchmarks, each measured side by side in one process so the ratios mean something.
 
-    python benchmarks/engine_bench.py overhead     [--model gpt-small --rounds 3 --steps 8]
+    python benchmarks/engine_bench.py overhead     [--model gpt-small --rounds 3 --steps 8] [-o KEY=VALUE]
         CPU-only engine overhead: the `superoffload` system vs the `torch` system, same model, data and
-        precision, alternating rounds; prints the median step-time ratio (target <= 1.15x).
+        precision, alternating rounds; prints the median step-time ratio (target <= 1.15x). `-o` passes
+        superoffload system options (e.g. `-o speculation=true` to override the plan).
     python benchmarks/engine_bench.py speculation  [--model gpt-tiny --steps 100 --rates 0,0.01,0.1]
         Step time with speculation vs validate-then-step when a chosen fraction of steps needs a
         rollback (clipping forced on those steps), alternating the two modes per round.
@@ -22,6 +23,7 @@ import time
 import torch
 
 import superoffload
+from superoffload.cli.bench_run import _option
 from superoffload.harness import provenance
 from superoffload.harness.data import SyntheticData
 from superoffload.harness.models import build_model, get_shape
@@ -34,17 +36,20 @@ def overhead(args: argparse.Namespace) -> dict:
     rows = {"torch": [], "superoffload": []}
     for _ in range(args.rounds):
         for system in rows:
+            opts = dict(args.option) if system == "superoffload" else {}
             run = RunConfig(system=system, model=args.model, seq=args.seq, batch=args.batch, steps=args.steps,
-                            warmup=2, dtype=args.dtype, threads=args.threads, device="cpu")
+                            warmup=2, dtype=args.dtype, threads=args.threads, device="cpu", system_options=opts)
             rec = run_benchmark(run)
             assert rec["status"] == "ok", rec["error"]
             rows[system].append(rec["timing"]["median_s"])
     med = {k: statistics.median(v) for k, v in rows.items()}
     ratio = med["superoffload"] / med["torch"]
-    print(f"{args.model} seq={args.seq} batch={args.batch} {args.dtype} threads={args.threads}: "
+    print(f"{args.model} seq={args.seq} batch={args.batch} {args.dtype} threads={args.threads} "
+          f"options={dict(args.option)}: "
           f"torch {1e3 * med['torch']:.1f} ms, superoffload {1e3 * med['superoffload']:.1f} ms, "
           f"ratio {ratio:.3f}x (target <= 1.15x); per-round medians {rows}")
-    return {"benchmark": "engine_overhead", "median_s": med, "rounds": rows, "ratio": ratio}
+    return {"benchmark": "engine_overhead", "options": dict(args.option), "median_s": med, "rounds": rows,
+            "ratio": ratio}
 
 
 def _train(model_name: str, steps: int, seq: int, cfg: dict, forced: set[int]) -> list[float]:
@@ -117,6 +122,8 @@ def main() -> None:
     o.add_argument("--steps", type=int, default=8)
     o.add_argument("--rounds", type=int, default=3)
     o.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+    o.add_argument("-o", "--option", type=_option, action="append", default=[], metavar="KEY=VALUE",
+                   help="superoffload system option (JSON value), repeatable")
     o.set_defaults(fn=overhead)
     s = sub.add_parser("speculation")
     s.add_argument("--model", default="gpt-tiny")

@@ -141,7 +141,7 @@ def make_plan(shape: ModelShape, seq: int, batch: int, hardware: HardwareProfile
     # 6. speculation: it uses a host that would otherwise wait for backward; when the device *is* the
     # host there is no idle processor, and the speculative pass plus the deferred commit cost cores
     # that backward needs (measured on gpt-small, 2 cores: 1.22x the torch step with speculation,
-    # 1.08x without; benchmarks/engine_bench.py overhead). Both give the same bits.
+    # 1.09x without; benchmarks/engine_bench.py overhead [-o speculation=true]). Both give the same bits.
     speculation = not hw.device_is_host
     if not speculation:
         reasons.append("Speculation: off: the device is the host, so there is no idle host to overlap "
