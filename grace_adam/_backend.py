@@ -15,7 +15,7 @@ import os
 import warnings
 from pathlib import Path
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 ISA_NAMES = ("scalar", "avx2", "avx512", "neon", "sve")
 DTYPE_F32, DTYPE_BF16, DTYPE_F16, DTYPE_NONE = 0, 1, 2, 3
 LIB_PATH = Path(__file__).resolve().parent / "_lib" / "libgrace_adam.so"
@@ -48,6 +48,9 @@ class AdamArgs(ctypes.Structure):
         ("step_size", ctypes.c_float),
         ("bias_correction2_sqrt", ctypes.c_float),
         ("eps", ctypes.c_float),
+        ("exp_avg_out", ctypes.c_void_p),
+        ("exp_avg_sq_out", ctypes.c_void_p),
+        ("max_exp_avg_sq_out", ctypes.c_void_p),
     ]
 
 
@@ -56,6 +59,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     sigs = {
         "ga_abi_version": (i32, []),
         "ga_adam_step": (i32, [ctypes.POINTER(AdamArgs), i32]),
+        "ga_adam_step_stats": (i32, [ctypes.POINTER(AdamArgs), i32, ctypes.POINTER(ctypes.c_double),
+                                     ctypes.POINTER(ctypes.c_int32)]),
         "ga_grad_stats": (i32, [vp, ctypes.c_int32, i64, f32, i32, ctypes.POINTER(ctypes.c_double),
                                 ctypes.POINTER(ctypes.c_int32)]),
         "ga_stream7": (i32, [vp, vp, vp, vp, i64, i32]),

@@ -19,7 +19,9 @@ def _s(x: float) -> torch.Tensor:
 @torch.no_grad()
 def adam_step(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
               max_exp_avg_sq: torch.Tensor | None, c: AdamConsts, commit: bool,
-              param_out: torch.Tensor | None, lowp_out: torch.Tensor | None) -> None:
+              param_out: torch.Tensor | None, lowp_out: torch.Tensor | None,
+              state_out: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None) -> None:
+    """`state_out` = (exp_avg_out, exp_avg_sq_out, max_exp_avg_sq_out): the out-of-place step's new state."""
     p0, m0, v0 = param.reshape(-1), exp_avg.reshape(-1), exp_avg_sq.reshape(-1)
     g = grad.reshape(-1).to(torch.float32) * _s(c.grad_scale)
     if c.l2:
@@ -43,6 +45,11 @@ def adam_step(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, ex
         v0.copy_(v)
         if vm is not None and max_exp_avg_sq is not None:
             max_exp_avg_sq.reshape(-1).copy_(vm)
+    if state_out is not None:
+        state_out[0].reshape(-1).copy_(m)
+        state_out[1].reshape(-1).copy_(v)
+        if vm is not None and state_out[2] is not None:
+            state_out[2].reshape(-1).copy_(vm)
     if param_out is not None:
         param_out.reshape(-1).copy_(p)
     if lowp_out is not None:

@@ -45,6 +45,10 @@ def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a0 < b1 and b0 < a1
 
 
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return t.data_ptr() if t is not None else None
+
+
 def _threads_arg(threads: int | None) -> int:
     if threads is None:
         return 0
@@ -58,7 +62,9 @@ def adam_step(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, ex
               adamw: bool = True, bias_correction: bool = True, grad_scale: float = 1.0,
               max_exp_avg_sq: torch.Tensor | None = None, commit: bool = True,
               param_out: torch.Tensor | None = None, lowp_out: torch.Tensor | None = None,
-              threads: int | None = None) -> None:
+              exp_avg_out: torch.Tensor | None = None, exp_avg_sq_out: torch.Tensor | None = None,
+              max_exp_avg_sq_out: torch.Tensor | None = None, return_stats: bool = False,
+              threads: int | None = None) -> tuple[float, bool] | None:
     """One fused Adam/AdamW step over a flat bucket, in one pass over memory.
 
     param, exp_avg, exp_avg_sq (and max_exp_avg_sq, which turns on AMSGrad) are fp32; grad is fp32, bf16
@@ -67,8 +73,14 @@ def adam_step(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, ex
 
     commit=True updates param/exp_avg/exp_avg_sq(/max_exp_avg_sq) in place. commit=False (speculative)
     writes only param_out (fp32) and/or lowp_out (bf16/fp16, round-to-nearest-even), bit-identical to
-    what a later commit=True call on the same inputs produces. The result of every element is identical
-    for any thread count, ISA path and split of the bucket into sub-slices.
+    what a later commit=True call on the same inputs produces. commit=False with exp_avg_out and
+    exp_avg_sq_out (and max_exp_avg_sq_out under AMSGrad) and param_out is an out-of-place step: the whole
+    new state goes to those buffers and the inputs stay untouched (double-buffered state: committing is
+    swapping the buffers, rolling back is keeping the old ones). The result of every element is identical
+    for any thread count, ISA path, split of the bucket into sub-slices and in-place vs out-of-place.
+
+    return_stats=True also returns ``grad_stats(grad, grad_scale)`` (bit-identical to it), computed in the
+    same pass: each 16384-element block is reduced and stepped while it is in cache.
     """
     n = _check("param", param, (torch.float32,), None).numel()
     _check("grad", grad, tuple(_GRAD_DTYPES), n)
@@ -82,6 +94,21 @@ def adam_step(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, ex
         outs.append(("param_out", _check("param_out", param_out, (torch.float32,), n)))
     if lowp_out is not None:
         outs.append(("lowp_out", _check("lowp_out", lowp_out, tuple(_LOWP_DTYPES), n)))
+    state_outs = [("exp_avg_out", exp_avg_out), ("exp_avg_sq_out", exp_avg_sq_out),
+                  ("max_exp_avg_sq_out", max_exp_avg_sq_out)]
+    given = [name for name, t in state_outs if t is not None]
+    if given:
+        if commit:
+            raise ValueError(f"{', '.join(given)} are for the out-of-place step: pass commit=False (commit=True "
+                             "updates exp_avg/exp_avg_sq in place)")
+        need = ["param_out", "exp_avg_out", "exp_avg_sq_out"] + (["max_exp_avg_sq_out"] if max_exp_avg_sq is not None
+                                                                  else [])
+        have = set(given) | ({"param_out"} if param_out is not None else set())
+        if set(need) != have:
+            missing, extra = sorted(set(need) - have), sorted(have - set(need))
+            raise ValueError("the out-of-place step writes the whole new state: pass exactly "
+                             f"{', '.join(need)} (missing: {missing or 'none'}; not expected: {extra or 'none'})")
+        outs += [(name, _check(name, t, (torch.float32,), n)) for name, t in state_outs if t is not None]
     if not commit and not outs:
         raise ValueError("commit=False writes only param_out / lowp_out: pass at least one of them")
     for oname, out in outs:
@@ -91,17 +118,21 @@ def adam_step(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, ex
                 continue
             if n and _overlaps(out, s):
                 raise ValueError(f"{oname} overlaps an input tensor; it must be a separate buffer")
-    if param_out is not None and lowp_out is not None and n and _overlaps(param_out, lowp_out):
-        raise ValueError("param_out and lowp_out overlap")
+    for k, (aname, a) in enumerate(outs):
+        for bname, b in outs[k + 1:]:
+            if n and _overlaps(a, b):
+                raise ValueError(f"{aname} and {bname} overlap")
     nthreads = _threads_arg(threads)
     c = adam_consts(step=step, lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay,
                     adamw=adamw, bias_correction=bias_correction, grad_scale=grad_scale)
     if n == 0:
-        return
+        return (0.0, True) if return_stats else None
     lib = _backend.LIB
     if lib is None:
-        _fallback.adam_step(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, c, commit, param_out, lowp_out)
-        return
+        stats = _fallback.grad_stats(grad, c.grad_scale, STATS_BLOCK) if return_stats else None
+        _fallback.adam_step(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, c, commit, param_out, lowp_out,
+                            (exp_avg_out, exp_avg_sq_out, max_exp_avg_sq_out) if given else None)
+        return stats
     args = _backend.AdamArgs(
         param=param.data_ptr(), grad=grad.data_ptr(), exp_avg=exp_avg.data_ptr(),
         exp_avg_sq=exp_avg_sq.data_ptr(),
@@ -114,10 +145,19 @@ def adam_step(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, ex
         grad_scale=c.grad_scale, weight_decay=c.weight_decay, decay=c.decay, lerp_c=c.lerp_c,
         beta2=c.beta2, one_minus_beta2=c.one_minus_beta2, step_size=c.step_size,
         bias_correction2_sqrt=c.bias_correction2_sqrt, eps=c.eps,
+        exp_avg_out=_ptr(exp_avg_out), exp_avg_sq_out=_ptr(exp_avg_sq_out), max_exp_avg_sq_out=_ptr(max_exp_avg_sq_out),
     )
-    rc = lib.ga_adam_step(ctypes.byref(args), nthreads)  # ctypes releases the GIL during the call
+    # ctypes releases the GIL during the call
+    if not return_stats:
+        rc = lib.ga_adam_step(ctypes.byref(args), nthreads)
+        if rc != 0:
+            raise RuntimeError(f"ga_adam_step failed with status {rc}")
+        return None
+    norm2, finite = ctypes.c_double(0.0), ctypes.c_int32(0)
+    rc = lib.ga_adam_step_stats(ctypes.byref(args), nthreads, ctypes.byref(norm2), ctypes.byref(finite))
     if rc != 0:
-        raise RuntimeError(f"ga_adam_step failed with status {rc}")
+        raise RuntimeError(f"ga_adam_step_stats failed with status {rc}")
+    return norm2.value, bool(finite.value)
 
 
 def grad_stats(grad: torch.Tensor, grad_scale: float = 1.0, threads: int | None = None) -> tuple[float, bool]:

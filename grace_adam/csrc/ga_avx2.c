@@ -45,17 +45,17 @@ AI void step8(const ga_adam_args *A, const consts8 *C, int64_t i, int gdt, int l
         __m256 vm = _mm256_loadu_ps(A->max_exp_avg_sq + i);
         __m256 take = _mm256_or_ps(_mm256_cmp_ps(v, vm, _CMP_GT_OQ), _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
         vm = _mm256_blendv_ps(vm, v, take);
-        if (A->commit) _mm256_storeu_ps(A->max_exp_avg_sq + i, vm);
+        if (A->max_exp_avg_sq_out) _mm256_storeu_ps(A->max_exp_avg_sq_out + i, vm);
         vu = vm;
     }
     {
         __m256 den = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vu), C->bc2s), C->eps);
         p = _mm256_sub_ps(p, _mm256_div_ps(_mm256_mul_ps(C->step_size, m), den));
     }
-    if (A->commit) {
-        _mm256_storeu_ps(A->param + i, p);
-        _mm256_storeu_ps(A->exp_avg + i, m);
-        _mm256_storeu_ps(A->exp_avg_sq + i, v);
+    if (A->commit) _mm256_storeu_ps(A->param + i, p);
+    if (A->exp_avg_out) {
+        _mm256_storeu_ps(A->exp_avg_out + i, m);
+        _mm256_storeu_ps(A->exp_avg_sq_out + i, v);
     }
     if (A->param_out) _mm256_storeu_ps(A->param_out + i, p);
     if (ldt == GA_BF16) _mm_storeu_si128((__m128i *)((uint16_t *)A->lowp_out + i), cvt_bf16(p));
@@ -80,16 +80,19 @@ AI void tail8(const ga_adam_args *A, const consts8 *C, int64_t i, int64_t r, int
     T.exp_avg = mb;
     T.exp_avg_sq = vb;
     T.max_exp_avg_sq = A->max_exp_avg_sq ? vmb : NULL;
+    T.exp_avg_out = A->exp_avg_out ? mb : NULL; /* new state goes back to the same scratch */
+    T.exp_avg_sq_out = A->exp_avg_out ? vb : NULL;
+    T.max_exp_avg_sq_out = A->max_exp_avg_sq_out ? vmb : NULL;
     T.grad = gdt == GA_F32 ? (const void *)gb : (const void *)g16;
     T.param_out = A->param_out ? pob : NULL;
     T.lowp_out = lb;
     step8(&T, C, 0, gdt, ldt);
-    if (A->commit) {
-        memcpy(A->param + i, pb, f);
-        memcpy(A->exp_avg + i, mb, f);
-        memcpy(A->exp_avg_sq + i, vb, f);
-        if (A->max_exp_avg_sq) memcpy(A->max_exp_avg_sq + i, vmb, f);
+    if (A->commit) memcpy(A->param + i, pb, f);
+    if (A->exp_avg_out) {
+        memcpy(A->exp_avg_out + i, mb, f);
+        memcpy(A->exp_avg_sq_out + i, vb, f);
     }
+    if (A->max_exp_avg_sq_out) memcpy(A->max_exp_avg_sq_out + i, vmb, f);
     if (A->param_out) memcpy(A->param_out + i, pob, f);
     if (ldt != GA_NONE) memcpy((uint16_t *)A->lowp_out + i, lb, h);
 }

@@ -300,6 +300,10 @@ typedef struct {
     const ga_adam_args *a;
     ga_adam_fn fn;
     int64_t a0;
+    /* step + statistics: blocks of GA_STATS_BLOCK elements instead of 64-byte-aligned ranges */
+    ga_stats_fn stats;
+    int64_t nblocks;
+    double *sums;
 } adam_ctx;
 
 static void adam_task(void *p, int tid, int nth) {
@@ -308,21 +312,85 @@ static void adam_task(void *p, int tid, int nth) {
     if (e > b) c->fn(c->a, b, e);
 }
 
+/* Each block is reduced, then stepped while its gradient is still in L1/L2: one trip to DRAM. */
+static void adam_stats_task(void *p, int tid, int nth) {
+    adam_ctx *c = (adam_ctx *)p;
+    const ga_adam_args *a = c->a;
+    int64_t b0 = c->nblocks * tid / nth, b1 = c->nblocks * (tid + 1) / nth;
+    for (int64_t b = b0; b < b1; b++) {
+        int64_t s = b * GA_STATS_BLOCK, e = s + GA_STATS_BLOCK < a->n ? s + GA_STATS_BLOCK : a->n;
+        c->stats(a->grad, a->grad_dtype, a->grad_scale, a->n, b, b + 1, c->sums);
+        c->fn(a, s, e);
+    }
+}
+
 static int valid_dtype(int32_t dt) { return dt == GA_F32 || dt == GA_BF16 || dt == GA_F16; }
 
-int ga_adam_step(const ga_adam_args *a, int nthreads) {
-    adam_ctx c;
+/* Checks the arguments and fills `out` with the form the ISA kernels read: the state destinations
+ * exp_avg_out / exp_avg_sq_out / max_exp_avg_sq_out are the inputs themselves when committing, so the
+ * kernels never look at `commit` except for the param store. */
+static int prepare(const ga_adam_args *a, ga_adam_args *out) {
     if (!a || a->n < 0 || !valid_dtype(a->grad_dtype)) return GA_EINVAL;
     if (a->lowp_dtype != GA_NONE && (a->lowp_dtype != GA_BF16 && a->lowp_dtype != GA_F16)) return GA_EINVAL;
     if (a->lowp_dtype != GA_NONE && !a->lowp_out) return GA_EINVAL;
     if (!a->commit && !a->param_out && a->lowp_dtype == GA_NONE) return GA_EINVAL;
-    if (a->n == 0) return GA_OK;
-    if (!a->param || !a->grad || !a->exp_avg || !a->exp_avg_sq) return GA_EINVAL;
+    if (a->commit && (a->exp_avg_out || a->exp_avg_sq_out || a->max_exp_avg_sq_out)) return GA_EINVAL;
+    if (!a->commit && (a->exp_avg_out || a->exp_avg_sq_out || a->max_exp_avg_sq_out)) {
+        /* out-of-place: the whole new state, or nothing */
+        if (!a->exp_avg_out || !a->exp_avg_sq_out || !a->param_out) return GA_EINVAL;
+        if ((a->max_exp_avg_sq != NULL) != (a->max_exp_avg_sq_out != NULL)) return GA_EINVAL;
+    }
+    if (a->n > 0 && (!a->param || !a->grad || !a->exp_avg || !a->exp_avg_sq)) return GA_EINVAL;
+    *out = *a;
+    if (a->commit) {
+        out->exp_avg_out = a->exp_avg;
+        out->exp_avg_sq_out = a->exp_avg_sq;
+        out->max_exp_avg_sq_out = a->max_exp_avg_sq;
+    }
+    return GA_OK;
+}
+
+int ga_adam_step(const ga_adam_args *a, int nthreads) {
+    adam_ctx c;
+    ga_adam_args A;
+    int rc = prepare(a, &A);
+    if (rc != GA_OK || A.n == 0) return rc;
     init();
-    c.a = a;
+    c.a = &A;
     c.fn = kernel_table[ga_get_isa()]->adam;
-    c.a0 = align_offset(a->param);
-    run_job(adam_task, &c, threads_for(a->n, __atomic_load_n(&g_min_chunk, __ATOMIC_ACQUIRE), nthreads));
+    c.a0 = align_offset(A.param);
+    run_job(adam_task, &c, threads_for(A.n, __atomic_load_n(&g_min_chunk, __ATOMIC_ACQUIRE), nthreads));
+    return GA_OK;
+}
+
+static double sum_blocks(const double *sums, int64_t nblocks);
+
+int ga_adam_step_stats(const ga_adam_args *a, int nthreads, double *norm2, int32_t *all_finite) {
+    adam_ctx c;
+    ga_adam_args A;
+    double stack_sums[64], total;
+    int64_t min_blocks;
+    int rc = prepare(a, &A);
+    if (rc != GA_OK) return rc;
+    if (!norm2 || !all_finite) return GA_EINVAL;
+    if (A.n == 0) {
+        *norm2 = 0.0;
+        *all_finite = 1;
+        return GA_OK;
+    }
+    init();
+    c.a = &A;
+    c.fn = kernel_table[ga_get_isa()]->adam;
+    c.stats = kernel_table[ga_get_isa()]->stats;
+    c.nblocks = (A.n + GA_STATS_BLOCK - 1) / GA_STATS_BLOCK;
+    c.sums = c.nblocks <= 64 ? stack_sums : (double *)malloc((size_t)c.nblocks * sizeof(double));
+    if (!c.sums) return GA_ENOMEM;
+    min_blocks = __atomic_load_n(&g_min_chunk, __ATOMIC_ACQUIRE) / GA_STATS_BLOCK;
+    run_job(adam_stats_task, &c, threads_for(c.nblocks, min_blocks, nthreads));
+    total = sum_blocks(c.sums, c.nblocks);
+    if (c.sums != stack_sums) free(c.sums);
+    *norm2 = total;
+    *all_finite = (total - total) == 0.0;
     return GA_OK;
 }
 
@@ -344,10 +412,18 @@ static void stats_task(void *p, int tid, int nth) {
     if (b1 > b0) c->fn(c->grad, c->dt, c->gs, c->n, b0, b1, c->sums);
 }
 
+/* Block sums are added in block order: the result does not depend on the thread count. Finite squares
+ * of floats cannot overflow fp64, so a finite total means every element was finite. */
+static double sum_blocks(const double *sums, int64_t nblocks) {
+    double total = 0.0;
+    for (int64_t b = 0; b < nblocks; b++) total += sums[b];
+    return total;
+}
+
 int ga_grad_stats(const void *grad, int32_t dtype, int64_t n, float grad_scale, int nthreads, double *norm2,
                   int32_t *all_finite) {
     stats_ctx c;
-    double stack_sums[64], total = 0.0;
+    double stack_sums[64], total;
     int64_t min_blocks;
     if (!norm2 || !all_finite || n < 0 || !valid_dtype(dtype)) return GA_EINVAL;
     if (n == 0) {
@@ -367,9 +443,7 @@ int ga_grad_stats(const void *grad, int32_t dtype, int64_t n, float grad_scale, 
     c.fn = kernel_table[ga_get_isa()]->stats;
     min_blocks = __atomic_load_n(&g_min_chunk, __ATOMIC_ACQUIRE) / GA_STATS_BLOCK;
     run_job(stats_task, &c, threads_for(c.nblocks, min_blocks, nthreads));
-    /* Block sums are added in block order: the result does not depend on the thread count. Finite
-     * squares of floats cannot overflow fp64, so a finite total means every element was finite. */
-    for (int64_t b = 0; b < c.nblocks; b++) total += c.sums[b];
+    total = sum_blocks(c.sums, c.nblocks);
     if (c.sums != stack_sums) free(c.sums);
     *norm2 = total;
     *all_finite = (total - total) == 0.0;

@@ -40,17 +40,17 @@ AI void step4(const ga_adam_args *A, const consts4 *C, int64_t i, int gdt, int l
         float32x4_t vm = vld1q_f32(A->max_exp_avg_sq + i);
         uint32x4_t take = vorrq_u32(vcgtq_f32(v, vm), vmvnq_u32(vceqq_f32(v, v)));
         vm = vbslq_f32(take, v, vm);
-        if (A->commit) vst1q_f32(A->max_exp_avg_sq + i, vm);
+        if (A->max_exp_avg_sq_out) vst1q_f32(A->max_exp_avg_sq_out + i, vm);
         vu = vm;
     }
     {
         float32x4_t den = vaddq_f32(vdivq_f32(vsqrtq_f32(vu), C->bc2s), C->eps);
         p = vsubq_f32(p, vdivq_f32(vmulq_f32(C->step_size, m), den));
     }
-    if (A->commit) {
-        vst1q_f32(A->param + i, p);
-        vst1q_f32(A->exp_avg + i, m);
-        vst1q_f32(A->exp_avg_sq + i, v);
+    if (A->commit) vst1q_f32(A->param + i, p);
+    if (A->exp_avg_out) {
+        vst1q_f32(A->exp_avg_out + i, m);
+        vst1q_f32(A->exp_avg_sq_out + i, v);
     }
     if (A->param_out) vst1q_f32(A->param_out + i, p);
     if (ldt == GA_BF16) vst1_u16((uint16_t *)A->lowp_out + i, cvt_bf16(p));
@@ -72,16 +72,19 @@ AI void tail4(const ga_adam_args *A, const consts4 *C, int64_t i, int64_t r, int
     T.exp_avg = mb;
     T.exp_avg_sq = vb;
     T.max_exp_avg_sq = A->max_exp_avg_sq ? vmb : NULL;
+    T.exp_avg_out = A->exp_avg_out ? mb : NULL; /* new state goes back to the same scratch */
+    T.exp_avg_sq_out = A->exp_avg_out ? vb : NULL;
+    T.max_exp_avg_sq_out = A->max_exp_avg_sq_out ? vmb : NULL;
     T.grad = gdt == GA_F32 ? (const void *)gb : (const void *)g16;
     T.param_out = A->param_out ? pob : NULL;
     T.lowp_out = lb;
     step4(&T, C, 0, gdt, ldt);
-    if (A->commit) {
-        memcpy(A->param + i, pb, f);
-        memcpy(A->exp_avg + i, mb, f);
-        memcpy(A->exp_avg_sq + i, vb, f);
-        if (A->max_exp_avg_sq) memcpy(A->max_exp_avg_sq + i, vmb, f);
+    if (A->commit) memcpy(A->param + i, pb, f);
+    if (A->exp_avg_out) {
+        memcpy(A->exp_avg_out + i, mb, f);
+        memcpy(A->exp_avg_sq_out + i, vb, f);
     }
+    if (A->max_exp_avg_sq_out) memcpy(A->max_exp_avg_sq_out + i, vmb, f);
     if (A->param_out) memcpy(A->param_out + i, pob, f);
     if (ldt != GA_NONE) memcpy((uint16_t *)A->lowp_out + i, lb, h);
 }

@@ -19,14 +19,14 @@ static inline void adam_one(const ga_adam_args *a, int64_t i) {
     if (a->max_exp_avg_sq) {
         float vm = a->max_exp_avg_sq[i];
         vm = (v > vm || v != v) ? v : vm;
-        if (a->commit) a->max_exp_avg_sq[i] = vm;
+        if (a->max_exp_avg_sq_out) a->max_exp_avg_sq_out[i] = vm;
         vu = vm;
     }
     p = p - (a->step_size * m) / (sqrtf(vu) / a->bias_correction2_sqrt + a->eps);
-    if (a->commit) {
-        a->param[i] = p;
-        a->exp_avg[i] = m;
-        a->exp_avg_sq[i] = v;
+    if (a->commit) a->param[i] = p;
+    if (a->exp_avg_out) {
+        a->exp_avg_out[i] = m;
+        a->exp_avg_sq_out[i] = v;
     }
     if (a->param_out) a->param_out[i] = p;
     if (a->lowp_dtype == GA_BF16) ((uint16_t *)a->lowp_out)[i] = ga_f32_to_bf16(p);

@@ -43,23 +43,31 @@ static uint16_t f32_to_f16_approx(float f) {
 }
 
 typedef struct {
-    float *p, *m, *v, *vm, *po;
+    float *p, *m, *v, *vm, *po, *m2, *v2, *vm2; /* m2/v2/vm2: out-of-place state outputs */
     void *g;
     uint16_t *lo;
 } bufs;
 
+/* 64-byte aligned (as torch allocates), so the streaming-store paths run; sub-slices at odd offsets
+ * (the split runs) take the plain-store paths. */
+static void *alloc64(size_t bytes) { return aligned_alloc(64, (bytes + 127) / 64 * 64); }
+
 static void alloc_bufs(bufs *b, int64_t n) {
-    b->p = malloc(n * 4 + 64);
-    b->m = malloc(n * 4 + 64);
-    b->v = malloc(n * 4 + 64);
-    b->vm = malloc(n * 4 + 64);
-    b->po = malloc(n * 4 + 64);
-    b->g = malloc(n * 4 + 64);
-    b->lo = malloc(n * 2 + 64);
+    b->p = alloc64(n * 4);
+    b->m = alloc64(n * 4);
+    b->v = alloc64(n * 4);
+    b->vm = alloc64(n * 4);
+    b->po = alloc64(n * 4);
+    b->g = alloc64(n * 4);
+    b->lo = alloc64(n * 2);
+    b->m2 = alloc64(n * 4);
+    b->v2 = alloc64(n * 4);
+    b->vm2 = alloc64(n * 4);
 }
 
 static void free_bufs(bufs *b) {
     free(b->p), free(b->m), free(b->v), free(b->vm), free(b->po), free(b->g), free(b->lo);
+    free(b->m2), free(b->v2), free(b->vm2);
 }
 
 static int failures = 0;
@@ -71,7 +79,11 @@ static void check(int ok, const char *what, const char *isa, int64_t n, int thre
     }
 }
 
-static void run_once(const bufs *in, bufs *out, int64_t n, int cfg, int gdt, int ldt, int threads, int split) {
+/* mode 0: as cfg says (commit or speculative); 1: out-of-place step into m2/v2/vm2/po, then copied to
+ * p/m/v/vm so the caller compares it with an in-place commit; 2: in-place commit through
+ * ga_adam_step_stats, whose statistics go to *norm2 / *finite. */
+static void run_once(const bufs *in, bufs *out, int64_t n, int cfg, int gdt, int ldt, int threads, int split,
+                     int mode, double *norm2, int32_t *finite) {
     ga_adam_args a;
     memcpy(out->p, in->p, n * 4);
     memcpy(out->m, in->m, n * 4);
@@ -103,7 +115,18 @@ static void run_once(const bufs *in, bufs *out, int64_t n, int cfg, int gdt, int
     a.step_size = 1e-3f / 0.19f;
     a.bias_correction2_sqrt = 0.0447f;
     a.eps = 1e-8f;
-    if (split <= 0 || split >= n) {
+    if (mode == 1) {
+        a.commit = 0;
+        a.param_out = out->po;
+        a.exp_avg_out = out->m2;
+        a.exp_avg_sq_out = out->v2;
+        a.max_exp_avg_sq_out = a.max_exp_avg_sq ? out->vm2 : NULL;
+    }
+    if (mode == 2) a.commit = 1;
+    if (mode == 2) {
+        a.n = n;
+        if (ga_adam_step_stats(&a, threads, norm2, finite) != GA_OK) failures++;
+    } else if (split <= 0 || split >= n) {
         a.n = n;
         if (ga_adam_step(&a, threads) != GA_OK) failures++;
     } else { /* the same bucket as two calls on sub-slices */
@@ -113,9 +136,20 @@ static void run_once(const bufs *in, bufs *out, int64_t n, int cfg, int gdt, int
         b.param += split, b.exp_avg += split, b.exp_avg_sq += split;
         if (b.max_exp_avg_sq) b.max_exp_avg_sq += split;
         if (b.param_out) b.param_out += split;
+        if (b.exp_avg_out) b.exp_avg_out += split, b.exp_avg_sq_out += split;
+        if (b.max_exp_avg_sq_out) b.max_exp_avg_sq_out += split;
         if (b.lowp_out) b.lowp_out = (uint16_t *)b.lowp_out + split;
         b.grad = (const char *)b.grad + (gdt == GA_F32 ? 4 : 2) * split;
         if (ga_adam_step(&a, threads) != GA_OK || ga_adam_step(&b, threads) != GA_OK) failures++;
+    }
+    if (mode == 1) { /* the inputs must be untouched; then present the new state where mode 0 puts it */
+        if (memcmp(out->p, in->p, n * 4) || memcmp(out->m, in->m, n * 4) || memcmp(out->v, in->v, n * 4) ||
+            memcmp(out->vm, in->vm, n * 4))
+            failures++;
+        memcpy(out->p, out->po, n * 4);
+        memcpy(out->m, out->m2, n * 4);
+        memcpy(out->v, out->v2, n * 4);
+        if (a.max_exp_avg_sq) memcpy(out->vm, out->vm2, n * 4);
     }
 }
 
@@ -157,20 +191,48 @@ int main(int argc, char **argv) {
                 if (ldt == GA_F32) continue;
                 for (int cfg = 0; cfg < 128; cfg += (n > 5000 ? 13 : cfg_stride)) {
                     ga_set_isa(GA_ISA_SCALAR);
-                    run_once(&in, &ref, n, cfg, gdt, ldt, 1, 0);
+                    run_once(&in, &ref, n, cfg, gdt, ldt, 1, 0, 0, NULL, NULL);
                     for (isa = 0; isa < GA_ISA_COUNT; isa++) {
                         if (!(sup & (1u << isa))) continue;
                         ga_set_isa(isa);
                         for (size_t ti = 0; ti < nthr; ti++) {
                             int th = thread_counts[ti];
                             int split = (int)((cfg + ti) % 3 == 0 ? n / 3 + 1 : 0);
-                            run_once(&in, &got, n, cfg, gdt, ldt, th, split);
+                            run_once(&in, &got, n, cfg, gdt, ldt, th, split, 0, NULL, NULL);
                             check(same(ref.p, got.p, n * 4) && same(ref.m, got.m, n * 4) &&
                                       same(ref.v, got.v, n * 4) && same(ref.vm, got.vm, n * 4),
                                   "state", ga_isa_name(isa), n, th, cfg);
                             check(same(ref.po, got.po, n * 4), "param_out", ga_isa_name(isa), n, th, cfg);
                             if (ldt != GA_NONE)
                                 check(same(ref.lo, got.lo, n * 2), "lowp_out", ga_isa_name(isa), n, th, cfg);
+                        }
+                    }
+                }
+            }
+            /* out-of-place step and step + statistics: the same bits as the in-place step, and the same
+             * statistics as ga_grad_stats; every ISA, thread count (and split, out-of-place) */
+            for (int cfg = 0; cfg < 128; cfg += 37) {
+                int ldt = cfg % 2 ? GA_BF16 : GA_NONE;
+                int c = cfg & ~16; /* committing configurations only */
+                double r2 = 0, g2 = 0;
+                int32_t rf = 0, gf = 0;
+                ga_set_isa(GA_ISA_SCALAR);
+                run_once(&in, &ref, n, c, gdt, ldt, 1, 0, 0, NULL, NULL);
+                ga_grad_stats(in.g, gdt, n, (c & 64) ? 0.125f : 1.0f, 1, &r2, &rf);
+                for (isa = 0; isa < GA_ISA_COUNT; isa++) {
+                    if (!(sup & (1u << isa))) continue;
+                    ga_set_isa(isa);
+                    for (size_t ti = 0; ti < nthr; ti++) {
+                        int th = thread_counts[ti];
+                        for (int mode = 1; mode <= 2; mode++) {
+                            run_once(&in, &got, n, c, gdt, ldt, th, mode == 1 && ti % 2 ? n / 3 + 1 : 0, mode,
+                                     &g2, &gf);
+                            check(same(ref.p, got.p, n * 4) && same(ref.m, got.m, n * 4) &&
+                                      same(ref.v, got.v, n * 4) && same(ref.vm, got.vm, n * 4),
+                                  mode == 1 ? "out-of-place state" : "step_stats state", ga_isa_name(isa), n, th, c);
+                            if (mode == 2)
+                                check(memcmp(&r2, &g2, 8) == 0 && rf == gf, "step_stats stats", ga_isa_name(isa), n,
+                                      th, c);
                         }
                     }
                 }

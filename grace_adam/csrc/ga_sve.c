@@ -50,15 +50,15 @@ AI void adam_impl(const ga_adam_args *A, int64_t begin, int64_t end, int gdt, in
             svfloat32_t vm = svld1_f32(pg, A->max_exp_avg_sq + i);
             svbool_t take = svorr_b_z(pg, svcmpgt_f32(pg, v, vm), svcmpuo_f32(pg, v, v));
             vm = svsel_f32(take, v, vm);
-            if (A->commit) svst1_f32(pg, A->max_exp_avg_sq + i, vm);
+            if (A->max_exp_avg_sq_out) svst1_f32(pg, A->max_exp_avg_sq_out + i, vm);
             vu = vm;
         }
         den = svadd_f32_x(pg, svdiv_f32_x(pg, svsqrt_f32_x(pg, vu), bc2s), eps);
         p = svsub_f32_x(pg, p, svdiv_f32_x(pg, svmul_f32_x(pg, step_size, m), den));
-        if (A->commit) {
-            svst1_f32(pg, A->param + i, p);
-            svst1_f32(pg, A->exp_avg + i, m);
-            svst1_f32(pg, A->exp_avg_sq + i, v);
+        if (A->commit) svst1_f32(pg, A->param + i, p);
+        if (A->exp_avg_out) {
+            svst1_f32(pg, A->exp_avg_out + i, m);
+            svst1_f32(pg, A->exp_avg_sq_out + i, v);
         }
         if (A->param_out) svst1_f32(pg, A->param_out + i, p);
         if (ldt == GA_BF16) svst1h_u32(pg, (uint16_t *)A->lowp_out + i, cvt_bf16(pg, p));

@@ -16,7 +16,7 @@
 extern "C" {
 #endif
 
-#define GA_ABI_VERSION 1
+#define GA_ABI_VERSION 2
 
 #if defined(__GNUC__)
 #define GA_API __attribute__((visibility("default")))
@@ -46,8 +46,12 @@ enum ga_status { GA_OK = 0, GA_EINVAL = -1, GA_EUNSUPPORTED = -2, GA_ENOMEM = -3
  *   den = sqrt(v_used) / bias_correction2_sqrt + eps
  *   p  = p - (step_size * m) / den
  *
- * commit != 0: param, exp_avg, exp_avg_sq (and max_exp_avg_sq) are written in place.
- * commit == 0: nothing of the state is written; only param_out / lowp_out (speculative step).
+ * commit != 0: param, exp_avg, exp_avg_sq (and max_exp_avg_sq) are written in place; the *_out state
+ *   pointers must be NULL.
+ * commit == 0: the inputs are never written (speculative step). Either only param_out / lowp_out are
+ *   written (deferred commit: a later commit != 0 call recomputes the same bits), or, with exp_avg_out
+ *   and exp_avg_sq_out (and max_exp_avg_sq_out under amsgrad) and param_out all given, the whole new
+ *   state goes to those separate buffers (double-buffered state: committing is swapping buffers).
  * param_out (fp32) and lowp_out (bf16/fp16, round-to-nearest-even of the new p) are optional.
  */
 typedef struct ga_adam_args {
@@ -74,6 +78,9 @@ typedef struct ga_adam_args {
     float step_size;
     float bias_correction2_sqrt;
     float eps;
+    float *exp_avg_out;        /* commit == 0 only: new exp_avg (out-of-place step) */
+    float *exp_avg_sq_out;     /* with exp_avg_out */
+    float *max_exp_avg_sq_out; /* with exp_avg_out when amsgrad */
 } ga_adam_args;
 
 GA_API int ga_abi_version(void);
@@ -89,6 +96,13 @@ GA_API int ga_adam_step(const ga_adam_args *args, int nthreads);
 #define GA_STATS_BLOCK 16384
 GA_API int ga_grad_stats(const void *grad, int32_t dtype, int64_t n, float grad_scale, int nthreads,
                          double *norm2, int32_t *all_finite);
+
+/*
+ * ga_adam_step and, in the same pass over memory, ga_grad_stats of the gradient as the step uses it
+ * (grad_scale applied): each GA_STATS_BLOCK block is reduced and then stepped while it is still in cache.
+ * norm2 / all_finite are bit-identical to ga_grad_stats(grad, grad_dtype, n, grad_scale).
+ */
+GA_API int ga_adam_step_stats(const ga_adam_args *args, int nthreads, double *norm2, int32_t *all_finite);
 
 /* Roofline probe with Adam's memory pattern (read 4 fp32 streams, write 3): a+=b, c+=b, d+=b. */
 GA_API int ga_stream7(float *a, const float *b, float *c, float *d, int64_t n, int nthreads);

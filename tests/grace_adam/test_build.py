@@ -23,3 +23,17 @@ def test_build_to_path_and_load(tmp_path):
     r = run_python("import grace_adam; print(grace_adam.native_available(), grace_adam.available_isas())",
                    GRACE_ADAM_LIB=str(out))
     assert r.returncode == 0 and r.stdout.startswith("True"), r.stderr
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
+def test_native_c_selftest_all_isas_bit_identical(tmp_path):
+    """csrc/ga_selftest.c on this machine's ISAs (the ARM ones run under qemu in test_arm.py)."""
+    import subprocess
+
+    lib = tmp_path / "libgrace_adam.so"
+    build.build_library(lib)
+    exe = tmp_path / "ga_selftest"
+    subprocess.run(["cc", "-O2", "-std=c11", f"-I{build.CSRC}", str(build.CSRC / "ga_selftest.c"), "-o", str(exe),
+                    f"-L{tmp_path}", "-lgrace_adam", f"-Wl,-rpath,{tmp_path}", "-lm"], check=True)
+    r = subprocess.run([str(exe), "quick"], capture_output=True, text=True, timeout=120, check=False)
+    assert r.returncode == 0 and "PASS" in r.stdout, r.stdout + r.stderr
