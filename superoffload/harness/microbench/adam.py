@@ -1,11 +1,24 @@
 """`superoffload bench adam`: the fused GraceAdam host step against torch and DeepSpeed, same process.
 
-Per (numel, threads): GraceAdam (`grace_adam.adam_step`), torch fused AdamW, torch foreach AdamW,
-DeepSpeedCPUAdam, and a 7-stream roofline (the native `ga_stream7`: read 4 fp32 streams, write 3, i.e.
-Adam's memory traffic with trivial arithmetic, same threads and partitioning), reported as s/step
-(median, IQR), GB/s at 28 B/param, % of roofline, and ratio to the best of torch fused / DeepSpeed.
-Then the whole host phase: grace (grad stats + speculative step writing bf16 + deferred commit) vs the
-separate ops (norm, isfinite, step, bf16 cast) with torch fused and with DeepSpeedCPUAdam.
+Per (numel, threads), every kernel works on the SAME fp32 buffers (p, g, m, v), and the kernels are
+measured in interleaved rounds (one call of each per round; medians over rounds), so buffer placement
+and machine drift hit all of them alike. Kernels: GraceAdam (`grace_adam.adam_step`), torch fused AdamW,
+torch foreach AdamW, DeepSpeedCPUAdam, and a 7-stream roofline (the native `ga_stream7`: read 4 fp32
+streams, write 3, i.e. Adam's memory traffic with trivial arithmetic, same threads and partitioning),
+reported as s/step (median, IQR), GB/s at 28 B/param, % of roofline, ratio to the best of torch fused /
+DeepSpeed.
+
+Then the whole host phase of one bucket, in two groups, each against the fastest equivalent sequence of
+separate operations (torch fused or DeepSpeedCPUAdam):
+- speculative (the step runs before validation, so it must be undoable exactly): grad statistics + Adam
+  + bf16 upload copy + a way back. GraceAdam: `grace_double_buffer` (one pass: statistics fused, the new
+  state written to a second buffer set, commit = swap) and `grace_deferred_commit` (a speculative pass
+  with fused statistics writing only the bf16 copy, then the commit pass). Separate: norm, snapshot of
+  p/m/v (the undo record), step, bf16 cast.
+- validate_first (statistics first, then the step; nothing to undo): GraceAdam `grace_validate_first`
+  (statistics pass, then one step writing bf16) vs norm, step, bf16 cast.
+The finite flag of a separate sequence is taken from the norm (inf/nan iff some element is): an
+elementwise `isfinite(...).all()` would make the separate sequence several times slower.
 
 Each thread count runs in its own subprocess with OMP_NUM_THREADS set, because DeepSpeedCPUAdam's
 OpenMP team size is fixed when its library loads.
@@ -31,106 +44,144 @@ HYPER = dict(lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
 def _parse_numel(text: str) -> int:
     text = text.strip().upper()
     mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
-    return int(float(text[:-1] if mult > 1 else text) * mult)
+    try:
+        return int(float(text[:-1] if mult > 1 else text) * mult)
+    except ValueError:
+        raise ValueError(f"bad element count {text!r}: use an integer with an optional K/M/G suffix") from None
 
 
-def _time(fn: Callable[[], Any], repeats: int, warmup: int = 1) -> dict[str, float]:
+def _time_interleaved(fns: dict[str, Callable[[], Any]], repeats: int, warmup: int = 1) -> dict[str, dict]:
+    """Run every function once per round, `warmup` + `repeats` rounds; summarize the timed rounds."""
     from superoffload.harness.stats import summarize
 
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return summarize(times)
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for r in range(warmup + repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            if r >= warmup:
+                times[name].append(time.perf_counter() - t0)
+    return {k: summarize(v) for k, v in times.items()}
+
+
+def _state(numel: int, seed: int = 0) -> list:
+    """p, g, m, v with magnitudes of a model a few steps into training."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    p = torch.randn(numel, generator=gen)
+    g = torch.randn(numel, generator=gen) * 1e-2
+    m = torch.randn(numel, generator=gen) * 1e-3
+    v = torch.rand(numel, generator=gen) * 1e-6
+    return [p, g, m, v]
 
 
 def _measure_one(numel: int, threads: int, repeats: int) -> dict[str, Any]:
-    """All kernels at one size and thread count, in this process."""
+    """All kernels at one size and thread count, in this process, on one set of buffers."""
     import torch
 
     import grace_adam
 
     torch.set_num_threads(threads)
-    gen = torch.Generator().manual_seed(0)
-    p = torch.randn(numel, generator=gen)
-    g = torch.randn(numel, generator=gen) * 1e-2
-    m, v = torch.zeros(numel), torch.zeros(numel)
+    p, g, m, v = _state(numel)
     lr, (b1, b2), eps, wd = HYPER["lr"], HYPER["betas"], HYPER["eps"], HYPER["weight_decay"]
     res: dict[str, Any] = {"numel": numel, "threads": threads, "kernels": {}, "host_phase": {}, "skipped": {}}
-    step = [0]
+    step = [1]
+    hyper = dict(lr=lr, beta1=b1, beta2=b2, eps=eps, weight_decay=wd, threads=threads)
 
     def grace() -> None:
         step[0] += 1
-        grace_adam.adam_step(p, g, m, v, step=step[0], lr=lr, beta1=b1, beta2=b2, eps=eps, weight_decay=wd,
-                             threads=threads)
+        grace_adam.adam_step(p, g, m, v, step=step[0], **hyper)
 
-    res["kernels"]["grace_adam"] = _time(grace, repeats)
-    s1, s2 = torch.zeros(numel), torch.zeros(numel)
-    res["kernels"]["roofline_stream7"] = _time(
-        lambda: grace_adam.functional.stream7(p, g, s1, s2, threads=threads), repeats)
+    # torch and DeepSpeed step the very same tensors: the parameter shares p's storage, the state is m, v
+    q = torch.nn.Parameter(p)
+    q.grad = g
 
-    def torch_opt(**kw: Any) -> Callable[[], None]:
-        q = p.clone().requires_grad_()
-        q.grad = g.clone()
+    def torch_opt(**kw: Any) -> torch.optim.Optimizer:
         opt = torch.optim.AdamW([q], **HYPER, **kw)
-        return opt.step
+        opt.state[q] = {"step": torch.tensor(1.0), "exp_avg": m, "exp_avg_sq": v}
+        return opt
 
-    res["kernels"]["torch_fused"] = _time(torch_opt(fused=True), repeats)
-    res["kernels"]["torch_foreach"] = _time(torch_opt(foreach=True), repeats)
+    zero = torch.zeros(numel)  # roofline: p += 0, m += 0, v += 0 leaves the state as it is
+    kernels: dict[str, Callable[[], Any]] = {
+        "grace_adam": grace,
+        "roofline_stream7": lambda: grace_adam.functional.stream7(p, zero, m, v, threads=threads),
+        "torch_fused": torch_opt(fused=True).step,
+        "torch_foreach": torch_opt(foreach=True).step,
+    }
     ds_step = None
     try:
         from deepspeed.ops.adam import DeepSpeedCPUAdam
 
-        q = p.clone().requires_grad_()
-        q.grad = g.clone()
         ds_opt = DeepSpeedCPUAdam([q], **HYPER, adamw_mode=True)
-        ds_step = ds_opt.step
-        res["kernels"]["deepspeed_cpu_adam"] = _time(ds_step, repeats)
+        ds_opt.state[q] = {"step": 1, "exp_avg": m, "exp_avg_sq": v}
+        ds_step = kernels["deepspeed_cpu_adam"] = ds_opt.step
     except Exception as exc:  # noqa: BLE001 - any build/load failure is a recorded skip
         res["skipped"]["deepspeed_cpu_adam"] = f"{type(exc).__name__}: {exc}"
+    res["kernels"] = _time_interleaved(kernels, repeats)
+    res["host_phase"] = _host_phase(p, g, m, v, q, kernels["torch_fused"], ds_step, step, hyper, repeats)
+    return res
 
-    # Host phase. grace: stats pass, speculative pass writing the bf16 upload copy, deferred commit pass.
-    lowp = torch.empty(numel, dtype=torch.bfloat16)
 
-    def grace_phase() -> None:
+def _host_phase(p, g, m, v, q, fused_step, ds_step, step: list[int], hyper: dict, repeats: int) -> dict:
+    """One bucket's whole host phase, GraceAdam vs separate ops, grouped as in the module docstring."""
+    import torch
+
+    import grace_adam
+
+    n = p.numel()
+    lowp = torch.empty(n, dtype=torch.bfloat16)
+    cur = [p, m, v]
+    spare = [torch.empty(n) for _ in range(3)]
+
+    def grace_double_buffer() -> None:
         step[0] += 1
-        grace_adam.grad_stats(g, threads=threads)
-        kw = dict(step=step[0], lr=lr, beta1=b1, beta2=b2, eps=eps, weight_decay=wd, threads=threads)
-        grace_adam.adam_step(p, g, m, v, commit=False, lowp_out=lowp, **kw)
-        grace_adam.adam_step(p, g, m, v, commit=True, **kw)
+        grace_adam.adam_step(cur[0], g, cur[1], cur[2], step=step[0], commit=False, param_out=spare[0],
+                             exp_avg_out=spare[1], exp_avg_sq_out=spare[2], lowp_out=lowp, return_stats=True,
+                             **hyper)
+        cur[:], spare[:] = spare[:], cur[:]  # validation passed: commit is a swap
 
-    def grace_phase_direct() -> None:  # no speculation: stats, then one step that also writes bf16
+    def grace_deferred_commit() -> None:
         step[0] += 1
-        grace_adam.grad_stats(g, threads=threads)
-        grace_adam.adam_step(p, g, m, v, step=step[0], lr=lr, beta1=b1, beta2=b2, eps=eps, weight_decay=wd,
-                             lowp_out=lowp, threads=threads)
+        kw = dict(step=step[0], **hyper)
+        grace_adam.adam_step(cur[0], g, cur[1], cur[2], commit=False, lowp_out=lowp, return_stats=True, **kw)
+        grace_adam.adam_step(cur[0], g, cur[1], cur[2], commit=True, **kw)
 
-    def separate(step_fn: Callable[[], Any], q: torch.Tensor, elementwise: bool) -> Callable[[], None]:
+    def grace_validate_first() -> None:
+        step[0] += 1
+        grace_adam.grad_stats(g, threads=hyper["threads"])
+        grace_adam.adam_step(cur[0], g, cur[1], cur[2], step=step[0], lowp_out=lowp, **hyper)
+
+    undo = [torch.empty(n) for _ in range(3)]
+
+    def separate(step_fn: Callable[[], Any], with_undo: bool) -> Callable[[], None]:
         def run() -> None:
             norm = torch.linalg.vector_norm(q.grad)
-            # torch.isfinite(grad).all() is a slow multi-pass op; a careful caller derives the flag from
-            # the norm instead (inf/nan iff some element is, barring fp32 overflow of the norm itself)
-            finite = bool(torch.isfinite(q.grad).all()) if elementwise else bool(torch.isfinite(norm))
-            _ = float(norm), finite
+            _ = float(norm), bool(torch.isfinite(norm))
+            if with_undo:
+                for dst, src in zip(undo, (p, m, v), strict=True):
+                    dst.copy_(src)
             step_fn()
             lowp.copy_(q.detach())
         return run
 
-    res["host_phase"]["grace_deferred_commit"] = _time(grace_phase, repeats)
-    res["host_phase"]["grace_direct"] = _time(grace_phase_direct, repeats)
-    q = p.clone().requires_grad_()
-    q.grad = g.clone()
-    fused_step = torch.optim.AdamW([q], **HYPER, fused=True).step
-    res["host_phase"]["torch_fused_separate"] = _time(separate(fused_step, q, True), repeats)
-    res["host_phase"]["torch_fused_separate_norm_flag"] = _time(separate(fused_step, q, False), repeats)
+    fns: dict[str, Callable[[], Any]] = {
+        "grace_double_buffer": grace_double_buffer,
+        "grace_deferred_commit": grace_deferred_commit,
+        "torch_fused_separate_undo": separate(fused_step, True),
+        "grace_validate_first": grace_validate_first,
+        "torch_fused_separate": separate(fused_step, False),
+    }
     if ds_step is not None:
-        q2 = ds_opt.param_groups[0]["params"][0]
-        res["host_phase"]["deepspeed_separate"] = _time(separate(ds_step, q2, True), repeats)
-        res["host_phase"]["deepspeed_separate_norm_flag"] = _time(separate(ds_step, q2, False), repeats)
-    return res
+        fns["deepspeed_separate_undo"] = separate(ds_step, True)
+        fns["deepspeed_separate"] = separate(ds_step, False)
+    out = _time_interleaved(fns, repeats)
+    for name, st in out.items():
+        st["group"] = "speculative" if ("undo" in name or name in SPECULATIVE_GRACE) else "validate_first"
+    return out
+
+
+SPECULATIVE_GRACE = ("grace_double_buffer", "grace_deferred_commit")
 
 
 def _derive(rec: dict[str, Any]) -> None:
@@ -144,24 +195,27 @@ def _derive(rec: dict[str, Any]) -> None:
             k["pct_roofline"] = 100.0 * k["gb_per_s"] / roof
             k["speedup_vs_best_peer"] = best / k["median_s"]
         hp = r["host_phase"]
-        # the fastest separate-op sequence, including the variant that takes the finite flag from the norm
-        base = min(h["median_s"] for k, h in hp.items() if k.startswith(("torch_", "deepspeed_")))
-        for h in hp.values():
-            h["speedup_vs_best_separate"] = base / h["median_s"]
+        for group in {h["group"] for h in hp.values()}:
+            members = {k: h for k, h in hp.items() if h["group"] == group}
+            # the fastest separate-op sequence with the same guarantees (undo record or not)
+            base = min(h["median_s"] for k, h in members.items() if k.startswith(("torch_", "deepspeed_")))
+            for h in members.values():
+                h["speedup_vs_best_separate"] = base / h["median_s"]
 
 
 def format_table(rec: dict[str, Any]) -> str:
-    lines = [f"{'numel':>10} {'thr':>3} {'kernel':<26} {'median s':>10} {'IQR s':>9} {'GB/s':>7} "
+    lines = [f"{'numel':>10} {'thr':>3} {'kernel':<36} {'median s':>10} {'IQR s':>9} {'GB/s':>7} "
              f"{'%roof':>6} {'vs best':>8}"]
     for r in rec["measurements"]:
-        for name, k in list(r["kernels"].items()) + [("host:" + n, h) for n, h in r["host_phase"].items()]:
+        host = [(f"host:{h['group']}:{n}", h) for n, h in sorted(r["host_phase"].items(), key=lambda x: x[1]["group"])]
+        for name, k in list(r["kernels"].items()) + host:
             gbs = f"{k['gb_per_s']:7.1f}" if "gb_per_s" in k else f"{'':>7}"
             pct = f"{k['pct_roofline']:6.1f}" if "pct_roofline" in k else f"{'':>6}"
             ratio = k.get("speedup_vs_best_peer", k.get("speedup_vs_best_separate"))
-            lines.append(f"{r['numel']:>10} {r['threads']:>3} {name:<26} {k['median_s']:>10.5f} "
+            lines.append(f"{r['numel']:>10} {r['threads']:>3} {name:<36} {k['median_s']:>10.5f} "
                          f"{k['iqr_s']:>9.5f} {gbs} {pct} {ratio:>7.2f}x")
         for name, why in r["skipped"].items():
-            lines.append(f"{r['numel']:>10} {r['threads']:>3} {name:<26} skipped: {why[:60]}")
+            lines.append(f"{r['numel']:>10} {r['threads']:>3} {name:<36} skipped: {why[:60]}")
     return "\n".join(lines)
 
 
@@ -207,7 +261,17 @@ def _csv_ints(text: str, parse: Callable[[str], int] = int) -> list[int]:
 
 
 def _main(args: argparse.Namespace) -> int:
-    rec = run(_csv_ints(args.numel, _parse_numel), _csv_ints(args.threads), args.repeats, args.out)
+    try:
+        numels = _csv_ints(args.numel, _parse_numel)
+        threads = _csv_ints(args.threads)
+    except ValueError as e:
+        print(f"superoffload bench adam: error: {e}", file=sys.stderr)
+        return 2
+    if not numels or min(numels) < 1 or not threads or min(threads) < 1 or args.repeats < 1:
+        print("superoffload bench adam: error: need --numel and --threads values >= 1 (e.g. --numel 16M,64M "
+              "--threads 1,2) and --repeats >= 1", file=sys.stderr)
+        return 2
+    rec = run(numels, threads, args.repeats, args.out)
     print(format_table(rec))
     if args.out:
         print(f"wrote {args.out}")
@@ -220,7 +284,8 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--numel", default=",".join(str(n) for n in DEFAULT_NUMELS),
                    help="comma-separated element counts, suffixes K/M/G allowed (default 4M)")
     p.add_argument("--threads", default="1", help="comma-separated thread counts (default 1)")
-    p.add_argument("--repeats", type=int, default=5, help="timed repeats after one warm-up (default 5)")
+    p.add_argument("--repeats", type=int, default=11,
+                   help="timed rounds after one warm-up round; each round calls every kernel once (default 11)")
     p.add_argument("--out", default=None, help="write the JSON record here (atomically)")
     p.set_defaults(func=_main)
 
