@@ -6,7 +6,10 @@ Buffers are allocated once and reused every step:
 - host side (host buckets): fp32 `master`, `exp_avg`, `exp_avg_sq` (pinned with CUDA), the `landing`
   gradient buffer (aliases `dev_grad` when the device is the host) and the `upload` buffer the kernel
   writes the new low-precision (or fp32) weights into;
-- device side (tail buckets): fp32 `master`, `exp_avg`, `exp_avg_sq` in HBM.
+- device side (tail buckets): fp32 `master`, `exp_avg`, `exp_avg_sq` in HBM;
+- rollback_mode full_copy (host buckets): `spare`, a second fp32 master/m/v set. The speculative step
+  writes the new state there (out of place, one pass); committing swaps the sets, rolling back keeps
+  the current one, so neither costs a pass over memory.
 
 Host tasks (run on the worker, in order) are `speculate` and `finalize`; see engine.py for when.
 """
@@ -78,8 +81,9 @@ class Bucket:
             up_dtype = eng.dtype if (lowp and cfg.param_cast == "host") else torch.float32
             self.upload = dev.empty_host(n, up_dtype)
             self._alias_params(dev.shares_host_memory and up_dtype == eng.dtype)
-        self.backup = (dev.empty_host(3 * n, torch.float32)
-                       if cfg.rollback_mode == "full_copy" and not self.on_device else None)
+        self.spare: list[torch.Tensor] | None = None
+        if cfg.rollback_mode == "full_copy" and not self.on_device:
+            self.spare = [state() for _ in range(4 if cfg.optimizer.amsgrad else 3)]
         # per-step state
         self.present: list[bool] = [False] * len(spec.slots)
         self._present_idx: set[int] = set()
@@ -111,7 +115,7 @@ class Bucket:
         return self.spec.slots
 
     def host_bytes(self) -> int:
-        tensors = [self.master, self.exp_avg, self.exp_avg_sq, self.max_exp_avg_sq, self.upload, self.backup]
+        tensors = [self.master, self.exp_avg, self.exp_avg_sq, self.max_exp_avg_sq, self.upload, *(self.spare or [])]
         if self.landing is not None and self.landing is not self.dev_grad:
             tensors.append(self.landing)
         return sum(t.numel() * t.element_size() for t in tensors if t is not None and not t.is_cuda)
@@ -151,11 +155,29 @@ class Bucket:
         self.eng.worker.submit(run, f"bucket {self.spec.index}: {label}")
 
     # --- the kernel over this bucket's present parameters -------------------------------------------
+    def _state(self) -> list[torch.Tensor]:
+        return [t for t in (self.master, self.exp_avg, self.exp_avg_sq, self.max_exp_avg_sq) if t is not None]
+
+    def _swap_state(self) -> None:
+        """full_copy commit: the spare set, which the speculative step wrote, becomes the state."""
+        assert self.spare is not None
+        new, self.spare = self.spare, self._state()
+        self.master, self.exp_avg, self.exp_avg_sq = new[:3]
+        self.max_exp_avg_sq = new[3] if len(new) > 3 else None
+
     def _run_kernel(self, scale: float, hps: dict[int, HyperParams], steps: dict[int, int], *, commit: bool,
-                    write_upload: bool) -> None:
+                    write_upload: bool, out_of_place: bool = False) -> None:
+        """out_of_place (full_copy speculation): the new state goes to `spare`, the state is not written."""
         from superoffload.engine import host_adam
 
         eng = self.eng
+        if out_of_place:
+            assert self.spare is not None and not commit
+            # parameters without a gradient are not stepped; the spare set must still hold their state
+            for s in self.slots:
+                if s.index not in self._present_idx:
+                    for dst, src in zip(self.spare, self._state(), strict=True):
+                        dst[s.offset: s.offset + s.numel].copy_(src[s.offset: s.offset + s.numel])
         lowp_up = self.upload is not None and self.upload.dtype != torch.float32
 
         def key(s: ParamSlot) -> tuple[int, int] | None:
@@ -175,6 +197,7 @@ class Bucket:
                 commit=commit,
                 param_out=self.upload[sl] if write_upload and not lowp_up else None,
                 lowp_out=self.upload[sl] if write_upload and lowp_up else None,
+                state_out=[t[sl] for t in self.spare] if out_of_place else None,
                 threads=eng.config.host_threads)
 
     def steps_snapshot(self) -> dict[int, int]:
@@ -228,23 +251,12 @@ class Bucket:
             return
         t0 = time.perf_counter()
         self._wait_upload_buffer_free()
-        if self.backup is not None:  # full_copy: keep the old state, then step in place
-            n = self.spec.numel
-            self.backup[:n].copy_(self.master)
-            self.backup[n: 2 * n].copy_(self.exp_avg)
-            self.backup[2 * n:].copy_(self.exp_avg_sq)
-        self._run_kernel(scale, hps, steps, commit=self.backup is not None, write_upload=True)
+        # deferred: only the upload copy is written; full_copy: the new state goes to the spare set
+        self._run_kernel(scale, hps, steps, commit=False, write_upload=True, out_of_place=self.spare is not None)
         eng.counters.add(host_step_s=time.perf_counter() - t0)
         self._upload(self.present_slots())
         self.spec_state = "speculated"
         self._upload_settled()
-
-    def _restore(self) -> None:
-        if self.backup is not None:
-            n = self.spec.numel
-            self.master.copy_(self.backup[:n])
-            self.exp_avg.copy_(self.backup[n: 2 * n])
-            self.exp_avg_sq.copy_(self.backup[2 * n:])
 
     def finalize(self, action: str, scale: float, hps: dict[int, HyperParams], steps: dict[int, int],
                  counted: bool) -> None:
@@ -261,24 +273,24 @@ class Bucket:
         self.d2h_event.synchronize()
         speculated = self.spec_state == "speculated"
         self.spec_state = "none"
+        # in both rollback modes the speculative step left master/m/v untouched: nothing to restore
         if action == "skip":
-            if speculated:  # put the device weights back to what the master still (again) holds
+            if speculated:  # put the device weights back to what the master still holds
                 t0 = time.perf_counter()
-                self._restore()
                 self._wait_upload_buffer_free()
                 self.upload.copy_(self.master)  # torch's cast rounds to nearest even, as the kernel does
                 self._upload(self.present_slots())
                 eng.counters.add(rollback_s=time.perf_counter() - t0)
             return
         if speculated and scale == self.spec_scale and hps == self.spec_hps:
-            if self.backup is None:  # deferred commit: same inputs, same arithmetic, now in place
-                t0 = time.perf_counter()
+            t0 = time.perf_counter()
+            if self.spare is None:  # deferred commit: same inputs, same arithmetic, now in place
                 self._run_kernel(scale, hps, steps, commit=True, write_upload=False)
-                eng.counters.add(commit_s=time.perf_counter() - t0)
+            else:
+                self._swap_state()
+            eng.counters.add(commit_s=time.perf_counter() - t0)
             return
         t0 = time.perf_counter()
-        if speculated:
-            self._restore()
         self._wait_upload_buffer_free()
         self._run_kernel(scale, hps, steps, commit=True, write_upload=True)
         self._upload(self.present_slots())

@@ -2,13 +2,14 @@
 
 All three take the same call as `grace_adam.adam_step` (flat fp32 master/m/v, a gradient with a folded
 scale, `commit` and the upload outputs):
-- `grace`: GraceAdam, one fused pass; the speculative mode (commit=False) writes only the upload copy.
+- `grace`: GraceAdam, one fused pass; the speculative mode (commit=False) writes only the upload copy,
+  or, with `state_out`, the whole new state to a second buffer set (out of place).
 - `torch`: torch's fused AdamW CPU kernel (`torch._fused_adamw_`); `cpuadam`: DeepSpeedCPUAdam's kernel.
   Neither reads a scaled or low-precision gradient nor writes a separate output, so they need the
   separate passes GraceAdam exists to avoid: scale/cast the gradient into a scratch buffer, and for a
-  speculative step, copy p, m, v to scratch, step the copies, cast the upload copy. Results differ from
-  GraceAdam by a few ulps (their arithmetic), but each backend is exact against itself, so speculation
-  stays bit-identical to validate-then-step with any of them.
+  speculative step, copy p, m, v to scratch (or to `state_out`), step the copies, cast the upload copy.
+  Results differ from GraceAdam by a few ulps (their arithmetic), but each backend is exact against
+  itself, so speculation stays bit-identical to validate-then-step with any of them.
 """
 
 from __future__ import annotations
@@ -57,21 +58,38 @@ def adam_step(backend: str, param: torch.Tensor, grad: torch.Tensor, exp_avg: to
               exp_avg_sq: torch.Tensor, *, step: int, lr: float, beta1: float, beta2: float, eps: float,
               weight_decay: float, adamw: bool, bias_correction: bool, grad_scale: float,
               max_exp_avg_sq: torch.Tensor | None, commit: bool, param_out: torch.Tensor | None,
-              lowp_out: torch.Tensor | None, threads: int | None) -> None:
+              lowp_out: torch.Tensor | None, threads: int | None,
+              state_out: list[torch.Tensor] | None = None) -> None:
+    """`state_out` = [param, exp_avg, exp_avg_sq(, max_exp_avg_sq)] outputs of an out-of-place step
+    (commit=False): the new state goes there and the inputs are not written."""
     if backend == "grace":
         import grace_adam
 
+        if state_out is not None:
+            outs = dict(param_out=state_out[0], exp_avg_out=state_out[1], exp_avg_sq_out=state_out[2],
+                        max_exp_avg_sq_out=state_out[3] if len(state_out) > 3 else None)
+        else:
+            outs = dict(param_out=param_out)
         grace_adam.adam_step(param, grad, exp_avg, exp_avg_sq, step=step, lr=lr, beta1=beta1, beta2=beta2,
                              eps=eps, weight_decay=weight_decay, adamw=adamw, bias_correction=bias_correction,
                              grad_scale=grad_scale, max_exp_avg_sq=max_exp_avg_sq, commit=commit,
-                             param_out=param_out, lowp_out=lowp_out, threads=threads)
+                             lowp_out=lowp_out, threads=threads, **outs)
+        if state_out is not None and param_out is not None:
+            param_out.copy_(state_out[0])  # an fp32 upload copy besides the new master
         return
     if max_exp_avg_sq is not None:
         raise ValueError(f"host_optimizer {backend!r} does not support amsgrad; use 'grace'")
     g = grad.float() if grad.dtype != torch.float32 else grad.clone()  # never scale the landing buffer
     if grad_scale != 1.0:
         g.mul_(grad_scale)
-    p, m, v = (param, exp_avg, exp_avg_sq) if commit else (param.clone(), exp_avg.clone(), exp_avg_sq.clone())
+    if commit:
+        p, m, v = param, exp_avg, exp_avg_sq
+    elif state_out is not None:
+        p, m, v = state_out[:3]
+        for dst, src in zip((p, m, v), (param, exp_avg, exp_avg_sq), strict=True):
+            dst.copy_(src)
+    else:
+        p, m, v = param.clone(), exp_avg.clone(), exp_avg_sq.clone()
     _UNFUSED[backend](p, g, m, v, step, lr, beta1, beta2, eps, weight_decay, adamw, bias_correction)
     for out in (param_out, lowp_out):
         if out is not None:

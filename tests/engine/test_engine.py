@@ -232,13 +232,56 @@ def test_step_without_backward_is_an_error():
         engine.step()
 
 
+class _Alternating(torch.nn.Module):
+    """`b` gets a gradient only on odd steps: a bucket with a parameter that is not stepped every time."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(8, 8)
+        self.b = torch.nn.Linear(8, 8)
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        y = self.a(x)
+        if self.calls % 2 == 0:
+            y = self.b(y)
+        return y.square().mean()
+
+
+@pytest.mark.parametrize("amsgrad", [False, True])
+@pytest.mark.parametrize("clip", [1e3, 1e-3])
+def test_full_copy_speculation_exact_with_intermittent_gradients(amsgrad, clip):
+    """full_copy steps into the spare state set and commits by swapping: a parameter skipped on a step
+    must keep its state across the swap (clip 1e3: every step commits by swap), and rollbacks stay exact
+    (clip 1e-3: every step is redone in place)."""
+    results = []
+    for speculate in (True, False):
+        torch.manual_seed(0)
+        model = _Alternating()
+        cfg = {"optimizer": {**OPT, "amsgrad": amsgrad}, "bucket_size": 1000, "rollback_mode": "full_copy",
+               "grad_clip": clip, "speculation": speculate, "speculation_policy": {"max_rollback_rate": 1.0}}
+        engine = superoffload.initialize(model, cfg)
+        gen = torch.Generator().manual_seed(1)
+        for _ in range(9):
+            engine.backward(engine(torch.randn(4, 8, generator=gen)))
+            engine.step()
+        results.append(engine)
+    spec, ref = results
+    assert_state_equal(spec.state_dict(), ref.state_dict())
+    assert spec.stats["speculation"]["speculated"] == 9
+    assert spec.stats["speculation"]["rolled_back"] == (9 if clip < 1 else 0)
+    assert spec.state_dict()["params"]["b.weight"]["step"] == 4
+
+
+@pytest.mark.parametrize("mode", ["deferred", "full_copy"])
 @pytest.mark.parametrize("backend", ["torch", "cpuadam"])
-def test_host_optimizer_backends_train_and_speculate_exactly(backend):
+def test_host_optimizer_backends_train_and_speculate_exactly(backend, mode):
     """The ablation's non-GraceAdam host kernels: close to GraceAdam (their own arithmetic), and still
     bit-identical between speculation and validate-then-step (each backend is exact against itself)."""
     data = batches()
     cfg = {"optimizer": OPT, "bucket_size": 30_000, "precision": "bf16", "grad_clip": 0.5,
-           "host_optimizer": backend}
+           "host_optimizer": backend, "rollback_mode": mode}
     spec, losses = train_engine(make_model(), {**cfg, "speculation_policy": {"max_rollback_rate": 1.0}}, 5, data)
     ref, _ = train_engine(make_model(), {**cfg, "speculation": False}, 5, data)
     assert_state_equal(spec.state_dict(), ref.state_dict())
