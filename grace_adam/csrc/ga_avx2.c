@@ -29,12 +29,12 @@ AI __m128i cvt_bf16(__m256 p) {
     return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
 }
 
-AI void step8(const ga_adam_args *A, const consts8 *C, int64_t i, int gdt, int ldt) {
-    __m256 g = _mm256_mul_ps(ld_grad(A->grad, gdt, i), C->gs);
-    __m256 p = _mm256_loadu_ps(A->param + i);
-    __m256 m = _mm256_loadu_ps(A->exp_avg + i);
-    __m256 v = _mm256_loadu_ps(A->exp_avg_sq + i);
-    __m256 vu, d;
+typedef struct {
+    __m256 g, p, m, v, vm;
+} lanes8;
+
+AI void compute8(const ga_adam_args *A, const consts8 *C, lanes8 *x) {
+    __m256 g = _mm256_mul_ps(x->g, C->gs), p = x->p, m = x->m, v = x->v, vu, d;
     if (A->l2) g = _mm256_add_ps(g, _mm256_mul_ps(p, C->wd));
     if (A->decoupled) p = _mm256_mul_ps(p, C->decay);
     d = _mm256_sub_ps(g, m);
@@ -42,26 +42,65 @@ AI void step8(const ga_adam_args *A, const consts8 *C, int64_t i, int gdt, int l
     v = _mm256_add_ps(_mm256_mul_ps(v, C->beta2), _mm256_mul_ps(_mm256_mul_ps(C->omb2, g), g));
     vu = v;
     if (A->max_exp_avg_sq) {
-        __m256 vm = _mm256_loadu_ps(A->max_exp_avg_sq + i);
-        __m256 take = _mm256_or_ps(_mm256_cmp_ps(v, vm, _CMP_GT_OQ), _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-        vm = _mm256_blendv_ps(vm, v, take);
-        if (A->max_exp_avg_sq_out) _mm256_storeu_ps(A->max_exp_avg_sq_out + i, vm);
-        vu = vm;
+        __m256 take = _mm256_or_ps(_mm256_cmp_ps(v, x->vm, _CMP_GT_OQ), _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+        x->vm = _mm256_blendv_ps(x->vm, v, take);
+        vu = x->vm;
     }
     {
         __m256 den = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vu), C->bc2s), C->eps);
         p = _mm256_sub_ps(p, _mm256_div_ps(_mm256_mul_ps(C->step_size, m), den));
     }
-    if (A->commit) _mm256_storeu_ps(A->param + i, p);
-    if (A->exp_avg_out) {
-        _mm256_storeu_ps(A->exp_avg_out + i, m);
-        _mm256_storeu_ps(A->exp_avg_sq_out + i, v);
+    x->p = p;
+    x->m = m;
+    x->v = v;
+}
+
+/* GA_BLOCK8 vectors at a time, grouped by stream (loads per stream, arithmetic, stores per stream), with
+ * streaming stores (`nt`) for buffers this pass does not read; see ga_avx512.c for the measurements.
+ * Two vectors are one 64-byte line per stream. */
+#define GA_BLOCK8 2
+#define STORE_BLOCK(dst, field, nt)                                                       \
+    for (u = 0; u < nblk; u++) {                                                          \
+        if (nt) _mm256_stream_ps((dst) + i + 8 * u, x[u].field);                          \
+        else _mm256_storeu_ps((dst) + i + 8 * u, x[u].field);                             \
     }
-    if (A->param_out) _mm256_storeu_ps(A->param_out + i, p);
-    if (ldt == GA_BF16) _mm_storeu_si128((__m128i *)((uint16_t *)A->lowp_out + i), cvt_bf16(p));
+#define STORE_BLOCK_U16(dst, expr, nt)                                                    \
+    for (u = 0; u < nblk; u++) {                                                          \
+        __m128i h_ = (expr);                                                              \
+        if (nt) _mm_stream_si128((__m128i *)((uint16_t *)(dst) + i + 8 * u), h_);         \
+        else _mm_storeu_si128((__m128i *)((uint16_t *)(dst) + i + 8 * u), h_);            \
+    }
+
+AI void step_block(const ga_adam_args *A, const consts8 *C, int64_t i, int gdt, int ldt, int nt, int nblk) {
+    lanes8 x[GA_BLOCK8];
+    int u;
+    for (u = 0; u < nblk; u++) x[u].g = ld_grad(A->grad, gdt, i + 8 * u);
+    for (u = 0; u < nblk; u++) x[u].m = _mm256_loadu_ps(A->exp_avg + i + 8 * u);
+    for (u = 0; u < nblk; u++) x[u].v = _mm256_loadu_ps(A->exp_avg_sq + i + 8 * u);
+    for (u = 0; u < nblk; u++) x[u].p = _mm256_loadu_ps(A->param + i + 8 * u);
+    for (u = 0; u < nblk; u++)
+        x[u].vm = A->max_exp_avg_sq ? _mm256_loadu_ps(A->max_exp_avg_sq + i + 8 * u) : _mm256_setzero_ps();
+    for (u = 0; u < nblk; u++) compute8(A, C, &x[u]);
+    if (A->commit) { /* in place: the lines were just read, plain stores */
+        for (u = 0; u < nblk; u++) _mm256_storeu_ps(A->param + i + 8 * u, x[u].p);
+        for (u = 0; u < nblk; u++) _mm256_storeu_ps(A->exp_avg_out + i + 8 * u, x[u].m);
+        for (u = 0; u < nblk; u++) _mm256_storeu_ps(A->exp_avg_sq_out + i + 8 * u, x[u].v);
+        if (A->max_exp_avg_sq_out)
+            for (u = 0; u < nblk; u++) _mm256_storeu_ps(A->max_exp_avg_sq_out + i + 8 * u, x[u].vm);
+    } else if (A->exp_avg_out) { /* out of place: a second buffer set */
+        STORE_BLOCK(A->exp_avg_out, m, nt);
+        STORE_BLOCK(A->exp_avg_sq_out, v, nt);
+        if (A->max_exp_avg_sq_out) STORE_BLOCK(A->max_exp_avg_sq_out, vm, nt);
+    }
+    if (A->param_out) STORE_BLOCK(A->param_out, p, nt);
+    if (ldt == GA_BF16) STORE_BLOCK_U16(A->lowp_out, cvt_bf16(x[u].p), nt);
     if (ldt == GA_F16)
-        _mm_storeu_si128((__m128i *)((uint16_t *)A->lowp_out + i),
-                         _mm256_cvtps_ph(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        STORE_BLOCK_U16(A->lowp_out, _mm256_cvtps_ph(x[u].p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), nt);
+}
+
+/* One vector (the tail's zero-padded copy goes through here too). */
+AI void step8(const ga_adam_args *A, const consts8 *C, int64_t i, int gdt, int ldt) {
+    step_block(A, C, i, gdt, ldt, 0, 1);
 }
 
 /* Runs the vector body on a zero-padded copy of the last r < 8 elements. */
@@ -97,9 +136,12 @@ AI void tail8(const ga_adam_args *A, const consts8 *C, int64_t i, int64_t r, int
     if (ldt != GA_NONE) memcpy((uint16_t *)A->lowp_out + i, lb, h);
 }
 
+static int aligned(const void *p, uintptr_t a) { return p == NULL || ((uintptr_t)p % a) == 0; }
+
 AI void adam_impl(const ga_adam_args *A, int64_t begin, int64_t end, int gdt, int ldt) {
     consts8 C;
     int64_t i = begin;
+    int nt = 0;
     C.gs = _mm256_set1_ps(A->grad_scale);
     C.wd = _mm256_set1_ps(A->weight_decay);
     C.decay = _mm256_set1_ps(A->decay);
@@ -110,8 +152,20 @@ AI void adam_impl(const ga_adam_args *A, int64_t begin, int64_t end, int gdt, in
     C.bc2s = _mm256_set1_ps(A->bias_correction2_sqrt);
     C.eps = _mm256_set1_ps(A->eps);
     C.hi = _mm256_castsi256_ps(_mm256_set1_epi32(A->lerp_hi ? -1 : 0));
+#ifndef GA_NO_NT
+    /* Streaming stores need aligned destinations; a block keeps the alignment it starts with. */
+    nt = aligned(A->param_out ? A->param_out + i : NULL, 32) &&
+         aligned(A->lowp_out ? (const uint16_t *)A->lowp_out + i : NULL, 16) &&
+         (A->commit || (aligned(A->exp_avg_out ? A->exp_avg_out + i : NULL, 32) &&
+                        aligned(A->exp_avg_sq_out ? A->exp_avg_sq_out + i : NULL, 32) &&
+                        aligned(A->max_exp_avg_sq_out ? A->max_exp_avg_sq_out + i : NULL, 32)));
+#endif
+    if (nt)
+        for (; i + 8 * GA_BLOCK8 <= end; i += 8 * GA_BLOCK8) step_block(A, &C, i, gdt, ldt, 1, GA_BLOCK8);
+    for (; i + 8 * GA_BLOCK8 <= end; i += 8 * GA_BLOCK8) step_block(A, &C, i, gdt, ldt, 0, GA_BLOCK8);
     for (; i + 8 <= end; i += 8) step8(A, &C, i, gdt, ldt);
     if (i < end) tail8(A, &C, i, end - i, gdt, ldt);
+    if (nt) _mm_sfence(); /* streaming stores are weakly ordered: drain them before the call returns */
 }
 
 #define CASE(G, L) \
@@ -165,13 +219,20 @@ static void stats_avx2(const void *grad, int32_t dt, float gs, int64_t n, int64_
     }
 }
 
+/* Same grouped order as the Adam body, so the probe bounds it. */
 static void stream7_avx2(float *a, const float *b, float *c, float *d, int64_t begin, int64_t end) {
     int64_t i = begin;
-    for (; i + 8 <= end; i += 8) {
-        __m256 x = _mm256_loadu_ps(b + i);
-        _mm256_storeu_ps(a + i, _mm256_add_ps(_mm256_loadu_ps(a + i), x));
-        _mm256_storeu_ps(c + i, _mm256_add_ps(_mm256_loadu_ps(c + i), x));
-        _mm256_storeu_ps(d + i, _mm256_add_ps(_mm256_loadu_ps(d + i), x));
+    for (; i + 16 <= end; i += 16) {
+        __m256 x0 = _mm256_loadu_ps(b + i), x1 = _mm256_loadu_ps(b + i + 8);
+        __m256 a0 = _mm256_loadu_ps(a + i), a1 = _mm256_loadu_ps(a + i + 8);
+        __m256 c0 = _mm256_loadu_ps(c + i), c1 = _mm256_loadu_ps(c + i + 8);
+        __m256 d0 = _mm256_loadu_ps(d + i), d1 = _mm256_loadu_ps(d + i + 8);
+        _mm256_storeu_ps(a + i, _mm256_add_ps(a0, x0));
+        _mm256_storeu_ps(a + i + 8, _mm256_add_ps(a1, x1));
+        _mm256_storeu_ps(c + i, _mm256_add_ps(c0, x0));
+        _mm256_storeu_ps(c + i + 8, _mm256_add_ps(c1, x1));
+        _mm256_storeu_ps(d + i, _mm256_add_ps(d0, x0));
+        _mm256_storeu_ps(d + i + 8, _mm256_add_ps(d1, x1));
     }
     for (; i < end; i++) {
         a[i] += b[i];
