@@ -67,7 +67,7 @@ class SuperOffloadConfig:
     grad_accum: int = 1  # micro-batches per optimizer step
     speculation: bool = True  # host steps during backward, validated after (exact rollback)
     speculation_policy: SpeculationPolicy = field(default_factory=SpeculationPolicy)
-    rollback_mode: str = "deferred"  # "deferred" (0 B/param extra) or "full_copy" (12 B/param extra)
+    rollback_mode: str = "deferred"  # "deferred" (0 B/param extra, 2 passes) or "full_copy" (12 B, double-buffered)
     grad_cast: str = "device"  # "device": cast on device, fp32 D2H; "host": low-precision D2H, kernel casts
     param_cast: str = "host"  # "host": kernel writes bf16/fp16, low-precision H2D; "device": fp32 H2D + cast
     skip_nonfinite: bool = True  # a NaN/Inf anywhere skips the whole step (all precisions)

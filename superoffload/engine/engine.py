@@ -6,7 +6,8 @@ Per optimizer step:
 2. device side, on a side stream: flatten (cast per policy), the bucket's gradient norm in fp64 (its
    finiteness is the bucket's finite flag), D2H into the landing buffer, an event;
 3. speculative host step: the worker waits for the event and runs GraceAdam before the global norm
-   is known; deferred-commit mode writes only the upload copy, full-copy mode keeps a backup;
+   is known; deferred-commit mode writes only the upload copy, full-copy mode writes the new state
+   into a second buffer set (commit = swap);
 4. device tail buckets keep grads and Adam state on the device and step there after validation;
 5. validation in `step()`: the global norm from the per-bucket norms, reduced in bucket order (so it
    is deterministic), then commit, redo with the clip factor, or skip; all exact;
