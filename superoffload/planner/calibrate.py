@@ -225,7 +225,9 @@ def _cpu_profile(quick: bool) -> HardwareProfile:
                f"{time.strftime('%Y-%m-%dT%H:%M:%S')}" + (" quick" if quick else ""),
         h2d_pinned=memcpy, d2h_pinned=memcpy, h2d_pageable=memcpy, d2h_pageable=memcpy,
         device_matmul_flops=matmul, device_peak_flops=matmul,
-        attention_factor=_attention_factor("cpu", torch.float32, quick, fp32, lambda: None),
+        # relative to the rate stored as device_matmul_flops (max of fp32 and bf16), which the cost model
+        # divides by; relative to the fp32 rate, attention came out up to bf16/fp32 (~2x) too fast
+        attention_factor=_attention_factor("cpu", torch.float32, quick, matmul, lambda: None),
         device_hbm_bytes=mem, device_hbm_gbps=2 * max(gbps), device_cast_gbps=cast,
         host_adam_gbps=adam, host_cores=os.cpu_count() or 1, host_memory_bytes=mem,
         host_cast_gbps=cast, sync_latency_s=_thread_sync_latency(),
