@@ -18,6 +18,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -29,6 +30,7 @@ from superoffload.planner.hardware import (
     HardwareProfile,
     LinkCurve,
 )
+from superoffload.planner.overhead import CLIP_BYTES_PER_PARAM
 from superoffload.planner.presets import ATTENTION_FACTOR, MATMUL_EFFICIENCY
 
 # Ratios between host Adam kernels from the authors' GraceAdam table (8B row, paper-figures.md §5),
@@ -88,6 +90,88 @@ def _op_overhead(device: str, sync: Callable[[], None]) -> float:
         y.sum().backward()
 
     return _best(chain, 5, sync) / 100
+
+
+def _gelu_rate(device: str, sync: Callable[[], None], n: int = 1 << 20) -> float:
+    """Elements/s of the MLP activation (tanh-GELU) forward + backward: on CPUs it is compute-bound
+    (a tanh per element), far slower than the elementwise streaming rate."""
+    x = torch.randn(n, device=device, requires_grad=True)
+    g = torch.ones(n, device=device)
+
+    def both() -> None:
+        torch.nn.functional.gelu(x, approximate="tanh").backward(g)
+
+    return n / _best(both, 5, sync)
+
+
+def _module_call_s(device: str, sync: Callable[[], None], n: int = 200) -> float:
+    """Python cost of one nn.Module call: a stack of nn.Identity (no op, no autograd node)."""
+    x = torch.ones(8, device=device)
+    mods = [torch.nn.Identity() for _ in range(n)]
+
+    def stack() -> None:
+        y = x
+        for m in mods:
+            y = m(y)
+
+    return _best(stack, 5, sync) / n
+
+
+def _optimizer_step_s(params: list[torch.nn.Parameter], grads: list[torch.Tensor],
+                      sync: Callable[[], None]) -> float:
+    """One torch training-loop optimizer step as the harness runs it: clip, fused AdamW, zero_grad."""
+    try:
+        opt = torch.optim.AdamW(params, lr=1e-3, fused=True)
+    except (RuntimeError, TypeError):
+        opt = torch.optim.AdamW(params, lr=1e-3)
+
+    def step() -> None:
+        for p, g in zip(params, grads, strict=True):
+            p.grad = g  # what backward's AccumulateGrad does after zero_grad(set_to_none=True)
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return _best(step, 7, sync)
+
+
+def _optimizer_tensor_s(device: str, sync: Callable[[], None], tensors: int = 64, elems: int = 256) -> float:
+    """Per-tensor cost of the optimizer step: ``tensors`` small tensors vs one tensor holding the same
+    elements, so the byte work cancels and only the per-tensor loop (foreach lists, Python) is left."""
+    def make(count: int, size: int) -> tuple[list[torch.nn.Parameter], list[torch.Tensor]]:
+        ps = [torch.nn.Parameter(torch.randn(size, device=device)) for _ in range(count)]
+        return ps, [torch.randn(size, device=device) * 1e-3 for _ in range(count)]
+
+    many = _optimizer_step_s(*make(tensors, elems), sync)
+    one = _optimizer_step_s(*make(1, tensors * elems), sync)
+    return max(0.0, (many - one) / (tensors - 1))
+
+
+def _clip_gbps(device: str, sync: Callable[[], None], n: int) -> float:
+    """torch.nn.utils.clip_grad_norm_ on one large fp32 gradient, counted at 12 B/param."""
+    p = torch.nn.Parameter(torch.zeros(n, device=device))
+    p.grad = torch.randn(n, device=device)
+    t = _best(lambda: torch.nn.utils.clip_grad_norm_([p], 1.0), 5, sync)
+    return n * CLIP_BYTES_PER_PARAM / t / GB
+
+
+def _overhead_fields(device: str, quick: bool, systems: bool, sync: Callable[[], None],
+                     notes: list[str]) -> dict[str, Any]:
+    """The framework-overhead fields (planner/overhead.py). The per-system step machinery takes tens
+    of seconds (a subprocess per system), so ``quick`` leaves it out."""
+    fields: dict[str, Any] = {
+        "gelu_elems_per_s": _gelu_rate(device, sync), "module_call_s": _module_call_s(device, sync),
+        "optimizer_tensor_s": _optimizer_tensor_s(device, sync),
+        "clip_gbps": _clip_gbps(device, sync, 2**20 if quick else 2**23)}
+    if systems and not quick:
+        from superoffload.planner import calibrate_systems
+
+        fields["system_step_s"], sys_notes = calibrate_systems.measure(
+            optimizer_tensor_s=fields["optimizer_tensor_s"])
+        notes.extend(sys_notes)
+    else:
+        notes.append("system step machinery not measured (" + ("--quick" if quick else "--no-systems") + ")")
+    return fields
 
 
 def _attention_bwd_ratio(device: str, dtype: torch.dtype, sync: Callable[[], None]) -> float:
@@ -199,7 +283,7 @@ def _sizes(quick: bool, top: int) -> list[int]:
     return sizes[::2] + ([sizes[-1]] if len(sizes) % 2 == 0 else [])
 
 
-def _cpu_profile(quick: bool) -> HardwareProfile:
+def _cpu_profile(quick: bool, systems: bool = True) -> HardwareProfile:
     threads = torch.get_num_threads()
     n = 512 if quick else 2048
     fp32 = _matmul_flops("cpu", torch.float32, n, 3, lambda: None)
@@ -235,7 +319,8 @@ def _cpu_profile(quick: bool) -> HardwareProfile:
         device_is_host=True, notes=notes,
         matmul_curve=_matmul_curve("cpu", torch.float32, quick, lambda: None),
         elementwise_gbps=_elementwise_gbps("cpu", lambda: None), op_overhead_s=_op_overhead("cpu", lambda: None),
-        attention_bwd_ratio=_attention_bwd_ratio("cpu", torch.float32, lambda: None))
+        attention_bwd_ratio=_attention_bwd_ratio("cpu", torch.float32, lambda: None),
+        **_overhead_fields("cpu", quick, systems, lambda: None, notes))
 
 
 def _cuda_link(direction: str, pinned: bool, sizes: list[int], repeats: int) -> LinkCurve:
@@ -249,7 +334,7 @@ def _cuda_link(direction: str, pinned: bool, sizes: list[int], repeats: int) -> 
     return LinkCurve(sizes, gbps)
 
 
-def _cuda_profile(quick: bool) -> HardwareProfile:
+def _cuda_profile(quick: bool, systems: bool = True) -> HardwareProfile:
     sync = torch.cuda.synchronize
     props = torch.cuda.get_device_properties(0)
     name = torch.cuda.get_device_name(0)
@@ -288,19 +373,22 @@ def _cuda_profile(quick: bool) -> HardwareProfile:
         sync_latency_s=_best(event_roundtrip, 20), notes=notes,
         matmul_curve=_matmul_curve("cuda", torch.bfloat16, quick, sync),
         elementwise_gbps=_elementwise_gbps("cuda", sync), op_overhead_s=_op_overhead("cuda", sync),
-        attention_bwd_ratio=_attention_bwd_ratio("cuda", torch.bfloat16, sync))
+        attention_bwd_ratio=_attention_bwd_ratio("cuda", torch.bfloat16, sync),
+        **_overhead_fields("cuda", quick, systems, sync, notes))
 
 
-def calibrate(out_path: str | os.PathLike[str] | None = None, quick: bool = False) -> HardwareProfile:
-    """Measure this machine; write the profile JSON atomically to ``out_path`` if given."""
-    prof = _cuda_profile(quick) if torch.cuda.is_available() else _cpu_profile(quick)
+def calibrate(out_path: str | os.PathLike[str] | None = None, quick: bool = False,
+              systems: bool = True) -> HardwareProfile:
+    """Measure this machine; write the profile JSON atomically to ``out_path`` if given. ``systems``:
+    also time each training system's step machinery on a degenerate model (not with ``quick``)."""
+    prof = _cuda_profile(quick, systems) if torch.cuda.is_available() else _cpu_profile(quick, systems)
     if out_path is not None:
         prof.save(out_path)
     return prof
 
 
 def _run(args: argparse.Namespace) -> int:
-    prof = calibrate(args.out, quick=args.quick)
+    prof = calibrate(args.out, quick=args.quick, systems=not args.no_systems)
     d2h = prof.d2h_pinned
     print(f"{prof.name}: matmul {prof.device_matmul_flops / 1e12:.2f} TFLOP/s, D2H pinned peak "
           f"{d2h.peak():.1f} GB/s, host Adam {max(prof.host_adam_gbps.values()):.1f} GB/s"
@@ -313,4 +401,6 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("calibrate", help="measure this machine into a hardware profile JSON")
     p.add_argument("--out", default=None, help="write the profile here (atomically)")
     p.add_argument("--quick", action="store_true", help="fewer sizes and smaller problems (seconds)")
+    p.add_argument("--no-systems", action="store_true",
+                   help="skip timing each training system's step machinery (subprocesses, ~1 min)")
     p.set_defaults(func=_run)

@@ -11,13 +11,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from superoffload.planner import buckets as bk
+from superoffload.planner import overhead as ov
 from superoffload.planner.flops import (
     head_forward_flops,
     layer_forward_flops,
     step_hardware_flops,
     step_model_flops,
 )
-from superoffload.planner.hardware import HardwareProfile
+from superoffload.planner.hardware import ADAM_BYTES_PER_PARAM, HardwareProfile
 from superoffload.planner.memory import (
     ADAM_STATE,
     BF16,
@@ -87,6 +88,14 @@ class _Costs:
             attn = lf.attention / (mm * hw.attention_factor)
             ratio = hw.attention_bwd_ratio if hw.attention_bwd_ratio is not None else 2.0
             self.bwd_layer = 2 * (self.fwd_layer - attn) + ratio * attn
+            # measured activation: forward 1/3, backward 2/3 of its fwd+bwd time (as op_overhead_s)
+            gelu = ov.gelu_seconds(w.shape, w.seq * w.batch, hw)
+            if gelu is not None:
+                self.fwd_layer += gelu / 3
+                self.bwd_layer += 2 * gelu / 3
+            # Python work that happens once per forward call (module calls; not doubled in backward)
+            self.fwd_layer += ov.block_forward_overhead_s(w.shape, hw)
+            self.fwd_head += ov.top_forward_overhead_s(w.shape, hw)
         self.hw = hw
 
     def link(self, direction: str, params: float, bytes_per_param: int, real: int,
@@ -127,7 +136,9 @@ def _small_op_forward(w: Workload, hw: HardwareProfile, attention_flops: float) 
     sh, tokens = w.shape, w.seq * w.batch
     gemm = sum(_gemm_seconds(hw, *g) for g in _block_gemms(sh, tokens))
     attn = attention_flops / (hw.device_matmul_flops * hw.attention_factor)
-    elementwise = tokens * (14 * sh.hidden + 2 * sh.ffn_hidden) * ACT_BYTES / (hw.elementwise_gbps * 1e9)
+    # the MLP activation's 2f elements of traffic are in its measured time when calibrate measured it
+    act = 0 if ov.gelu_seconds(sh, tokens, hw) is not None else 2 * sh.ffn_hidden
+    elementwise = tokens * (14 * sh.hidden + act) * ACT_BYTES / (hw.elementwise_gbps * 1e9)
     # op_overhead_s is forward + backward per op; backward is charged 2x the forward below
     layer = gemm + attn + elementwise + BLOCK_OPS * hw.op_overhead_s / 3
     head = (_gemm_seconds(hw, tokens, sh.hidden, sh.vocab)
@@ -275,7 +286,8 @@ class _Builder:
         for p in self._pending:
             grp = self.groups[p["j"]]
             if p["device"]:
-                t = hw.device_adam_seconds(grp.params)
+                t = (grp.params * ADAM_BYTES_PER_PARAM / (ov.torch_adam_gbps(hw) * 1e9) if s.device_only
+                     else hw.device_adam_seconds(grp.params))
                 op = g.add(f"it{it}.dadam{p['j']}", COMPUTE, t, [p["ready"], validate], "device_adam", it)
                 for unit, _ in grp.pieces:
                     unit_ready.setdefault(unit, []).append(op)
@@ -320,7 +332,26 @@ class _Builder:
                 step_ops.append(last)
             else:
                 step_ops.append(last)
+        step_ops += self._step_overheads(it, validate, step_ops)
         return unit_ready, step_ops
+
+    def _step_overheads(self, it: int, validate: int, step_ops: list[int]) -> list[int]:
+        """Per-step framework work after backward: torch.optim's per-tensor loop and clipping (systems
+        stepping with torch AdamW; with the host steps, or on the device for torch), and the system's own
+        step machinery, Python on the main thread: it holds the compute stream, and for the peers, whose
+        step() runs the optimizer synchronously, it comes after the whole step."""
+        s, g, sh, hw = self.spec, self.g, self.w.shape, self.hw
+        ops = []
+        opt_t = ov.optimizer_overhead_s(sh, hw, s.clipping) if s.adam_kind == "torch" else 0.0
+        if opt_t > 0:
+            res = COMPUTE if s.device_only else HOST
+            ops.append(g.add(f"it{it}.opt_overhead", res, opt_t, [validate], "optimizer_overhead", it))
+        buckets = ov.engine_buckets(sh, s.bucket_params, self.w.seq) if s.name == "superoffload" else 0
+        sys_t = ov.system_step_overhead_s(s.name, sh, hw, buckets)
+        if sys_t > 0:
+            after = [validate] + (step_ops + ops if s.forward_waits_all else [])
+            ops.append(g.add(f"it{it}.sys_overhead", COMPUTE, sys_t, after, "system_overhead", it))
+        return ops
 
     def _is_streamed(self, unit: str) -> bool:
         return unit.startswith("L") and int(unit[1:]) in self.stream

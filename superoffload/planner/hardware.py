@@ -117,6 +117,17 @@ class HardwareProfile:
     elementwise_gbps: float | None = None
     op_overhead_s: float | None = None
     attention_bwd_ratio: float | None = None  # SDPA backward time / forward time (None: 2, like GEMMs)
+    # Framework overhead, measured by `calibrate` with microbenchmarks of their own (None in the presets:
+    # no public spec gives them, and on a large GPU model they are noise; profiles without them keep
+    # the model above). Counts (modules, parameter tensors) come from the model structure (overhead.py).
+    gelu_elems_per_s: float | None = None  # tanh-GELU, forward + backward, elements/s (compute-bound on CPUs)
+    module_call_s: float | None = None  # Python cost of one nn.Module call (a stack of nn.Identity)
+    optimizer_tensor_s: float | None = None  # per parameter tensor: clip_grad_norm_ + fused AdamW + zero_grad
+    clip_gbps: float | None = None  # global-norm clipping traffic at 12 B/param (norm read, scale read+write)
+    # per system: the step machinery (hooks, flattening, communication layer, the engine's per-bucket
+    # work) outside the modelled ops, measured on a degenerate model (calibrate_systems.py) as
+    # {"fixed_s", "per_layer_s", "per_tensor_s", "per_bucket_s"}
+    system_step_s: dict[str, dict[str, float]] | None = None
 
     # --- derived rates ---------------------------------------------------------------------------
     def host_adam_seconds(self, params: float, kind: str, extra_bytes_per_param: float = 0.0) -> float:

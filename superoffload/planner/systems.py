@@ -85,10 +85,17 @@ class SystemSpec:
     device_only: bool = False  # torch: no host at all
     prefetch_depth: int = 2
     grad_accum: int = 1
+    clipping: bool = False  # global-norm clipping each step (its traffic is charged where measured)
     notes: list[str] = field(default_factory=list)
 
 
 def system_spec(system: str, opts: Options, total_params: int) -> SystemSpec:
+    spec = _system_spec(system, opts, total_params)
+    spec.clipping = opts.clipping
+    return spec
+
+
+def _system_spec(system: str, opts: Options, total_params: int) -> SystemSpec:
     opts.validate()
     if system == "superoffload":
         device_cast = opts.cast_policy == "device"

@@ -1,0 +1,188 @@
+"""Calibrate each training system's per-step machinery on a degenerate model.
+
+What the cost model does not see of a system (DeepSpeed's and FSDP2's hooks, flattening and
+communication layer even at world size 1, the SuperOffload engine's per-bucket Python work) is
+measured here, never on the models that ``validate`` checks: a tiny LM of ``blocks`` blocks, each
+``per_block`` 8-wide Linear layers, trained by the system exactly as the harness trains it. From the
+step time we subtract what the cost model charges separately for the same model (its plain forward +
+backward, measured; for torch-AdamW systems the optimizer's per-tensor loop), and fit
+
+    overhead = fixed + per_layer * blocks + per_tensor * parameter tensors + per_bucket * buckets
+
+from configurations that change one count at a time. Each system runs in a subprocess of its own so a
+DeepSpeed or process-group failure costs that system only (it is then left out, and the profile's
+notes say why). The harness is imported lazily: the planner does not depend on it otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+WIDTH, VOCAB, SEQ = 8, 16, 4
+# (blocks, Linear layers per block, SuperOffload bucket size in params)
+BASE, MORE_BLOCKS, MORE_TENSORS, MORE_BUCKETS = (2, 1, 1 << 20), (6, 1, 1 << 20), (2, 4, 1 << 20), (2, 4, 32)
+SYSTEMS = ("superoffload", "zero_offload", "zero_infinity", "ds_superoffload", "fsdp_offload")
+TORCH_ADAM_SYSTEMS = ("fsdp_offload",)  # the cost model charges torch.optim's per-tensor loop itself
+
+
+class DegenerateLM(nn.Module):
+    """Embedding -> ``blocks`` x (``per_block`` Linear(8, 8)) -> untied head; ``forward(idx, targets)``
+    returns the loss like the harness's models. ``blocks`` is what FSDP wraps per unit."""
+
+    def __init__(self, blocks: int, per_block: int) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, WIDTH)
+        self.blocks = nn.ModuleList(nn.Sequential(*(nn.Linear(WIDTH, WIDTH) for _ in range(per_block)))
+                                    for _ in range(blocks))
+        self.head = nn.Linear(WIDTH, VOCAB, bias=False)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        x = self.emb(idx)
+        for b in self.blocks:
+            x = b(x)
+        return F.cross_entropy(self.head(x).view(-1, VOCAB), targets.view(-1))
+
+
+def param_tensors(blocks: int, per_block: int) -> int:
+    return 2 + 2 * blocks * per_block  # embedding, head, weight + bias per Linear
+
+
+def _batch() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return torch.randint(0, VOCAB, (1, SEQ), generator=g), torch.randint(0, VOCAB, (1, SEQ), generator=g)
+
+
+def _best_step(fn: Any, steps: int) -> float:
+    for _ in range(2):
+        fn()  # warm-up: hooks installed lazily, allocator, first optimizer step
+    best = float("inf")
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def forward_backward_s(blocks: int, per_block: int, steps: int = 20) -> float:
+    """The plain autograd work of the degenerate model: what the cost model's compute terms cover."""
+    torch.manual_seed(0)
+    m = DegenerateLM(blocks, per_block)
+    x, y = _batch()
+
+    def fb() -> None:
+        m(x, y).backward()
+        m.zero_grad(set_to_none=True)
+
+    return _best_step(fb, steps)
+
+
+def system_step_s(system: str, blocks: int, per_block: int, bucket: int, steps: int = 25,
+                  optimizer_tensor_s: float = 0.0) -> tuple[float, int]:
+    """(step seconds minus the separately modelled work, SuperOffload host+device buckets or 0)."""
+    from superoffload.harness.system import Batch, RunConfig
+    from superoffload.harness.systems import create_system
+    from superoffload.shapes import ModelShape
+
+    torch.manual_seed(0)
+    model = DegenerateLM(blocks, per_block)
+    shape = ModelShape(name="degenerate", layers=blocks, hidden=WIDTH, heads=1, vocab=VOCAB, ffn_hidden=WIDTH,
+                       max_seq=SEQ)
+    cuda = torch.cuda.is_available()
+    opts: dict[str, Any] = {}
+    if system == "superoffload":
+        # the plan's CPU rule (no speculation when the device is the host); explicit bucket size
+        opts = {"plan": False, "bucket_size": bucket, "speculation": cuda}
+    run = RunConfig(system=system, model="gpt-tiny", seq=SEQ, batch=1, grad_clip=1.0,
+                    device="cuda" if cuda else "cpu", threads=torch.get_num_threads(), system_options=opts)
+    sysobj = create_system(system)
+    sysobj.setup(model, shape, run)
+    x, y = _batch()
+    batch = Batch([x], [y])
+
+    def step() -> None:
+        sysobj.step(batch)
+        if cuda:
+            torch.cuda.synchronize()
+
+    try:
+        t = _best_step(step, steps)
+        stats = sysobj.stats() if system == "superoffload" else {}
+    finally:
+        sysobj.teardown()
+    buckets = int(stats.get("buckets_host", 0)) + int(stats.get("buckets_device", 0))
+    t -= forward_backward_s(blocks, per_block)
+    if system in TORCH_ADAM_SYSTEMS:
+        t -= optimizer_tensor_s * param_tensors(blocks, per_block)
+    return t, buckets
+
+
+def fit(system: str, optimizer_tensor_s: float = 0.0) -> dict[str, float]:
+    """The four coefficients, each from the configuration that changes its count alone (clamped at 0:
+    a negative slope is measurement noise, not a speed-up)."""
+    base, _ = system_step_s(system, *BASE, optimizer_tensor_s=optimizer_tensor_s)
+    blocks, _ = system_step_s(system, *MORE_BLOCKS, optimizer_tensor_s=optimizer_tensor_s)
+    tensors, few = system_step_s(system, *MORE_TENSORS, optimizer_tensor_s=optimizer_tensor_s)
+    per_tensor = max(0.0, (tensors - base) / (param_tensors(*MORE_TENSORS[:2]) - param_tensors(*BASE[:2])))
+    # an extra block adds one layer and its tensors
+    added = param_tensors(*MORE_BLOCKS[:2]) - param_tensors(*BASE[:2])
+    per_layer = max(0.0, (blocks - base - added * per_tensor) / (MORE_BLOCKS[0] - BASE[0]))
+    per_bucket = 0.0
+    if system == "superoffload":
+        many, n_many = system_step_s(system, *MORE_BUCKETS)
+        per_bucket = max(0.0, (many - tensors) / max(1, n_many - few))
+    fixed = max(0.0, base - BASE[0] * per_layer - param_tensors(*BASE[:2]) * per_tensor - few * per_bucket)
+    return {"fixed_s": fixed, "per_layer_s": per_layer, "per_tensor_s": per_tensor, "per_bucket_s": per_bucket}
+
+
+def measure(systems: tuple[str, ...] = SYSTEMS, optimizer_tensor_s: float = 0.0,
+            timeout_s: float = 180.0) -> tuple[dict[str, dict[str, float]], list[str]]:
+    """Each system in a subprocess of its own; returns (coefficients per system, notes)."""
+    out: dict[str, dict[str, float]] = {}
+    notes: list[str] = []
+    for system in systems:
+        coeffs, why = _measure_one(system, optimizer_tensor_s, timeout_s)
+        if coeffs is None:
+            notes.append(f"system step machinery of {system} not measured: {why}")
+            continue
+        out[system] = coeffs
+        notes.append(f"system step machinery of {system} measured on a degenerate {WIDTH}-wide LM "
+                     f"(blocks x Linear layers {BASE[:2]}, {MORE_BLOCKS[:2]}, {MORE_TENSORS[:2]})")
+    return out, notes
+
+
+def _measure_one(system: str, optimizer_tensor_s: float, timeout_s: float) -> tuple[dict[str, float] | None, str]:
+    cmd = [sys.executable, "-m", "superoffload.planner.calibrate_systems", system, repr(optimizer_tensor_s)]
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired:
+        return None, f"timed out after {timeout_s:.0f} s"
+    lines = res.stdout.strip().splitlines()
+    try:
+        return {k: float(v) for k, v in json.loads(lines[-1]).items()}, ""
+    except (IndexError, json.JSONDecodeError, ValueError, AttributeError):
+        err = (res.stderr.strip().splitlines() or ["no output"])[-1]
+        return None, f"rc {res.returncode}: {err[:160]}"
+
+
+def _main(argv: list[str]) -> int:
+    import logging
+    import warnings
+
+    logging.disable(logging.WARNING)  # DeepSpeed's info lines would bury the JSON answer
+    warnings.filterwarnings("ignore")
+    system = argv[0]
+    opt_tensor = float(argv[1]) if len(argv) > 1 else 0.0
+    print(json.dumps(fit(system, opt_tensor)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main(sys.argv[1:]))

@@ -1,0 +1,112 @@
+"""Framework overhead outside the modelled ops: counts read off the model structure, times measured.
+
+Small models on a CPU spend a large share of a step in Python and per-call machinery that the FLOP and
+byte terms of the cost model never see: nn.Module calls, view ops, the optimizer's per-tensor loop,
+gradient clipping, and each training system's own per-step work (hooks, flattening, communication
+layer). Every term here is (count from the model or system structure) x (a constant that
+``calibrate`` measures with a microbenchmark of its own). A profile without a constant (the presets)
+gets 0 for that term, so predictions on it are unchanged.
+"""
+
+from __future__ import annotations
+
+from superoffload.planner.hardware import HardwareProfile
+from superoffload.shapes import ModelShape
+
+# nn.Module calls per forward, read off superoffload/harness/models/gpt.py (GPT: Block, ln1, attn, qkv,
+# proj, ln2, mlp, fc, fc2; top level: GPT, wte, wpe, ln_f, lm_head) and off transformers'
+# LlamaDecoderLayer for the "hf" family (layer, 2 norms, self_attn, q/k/v/o, mlp, gate/up/down, act;
+# top level: CausalLM, model, embed_tokens, rotary_emb, norm, lm_head).
+BLOCK_MODULES = {"gpt": 9, "hf": 13}
+TOP_MODULES = {"gpt": 5, "hf": 6}
+# View-like ops of GPT attention not among costmodel.BLOCK_OPS' two reshapes: split, 3 views,
+# 3 transposes, the output transpose and reshape (9) minus the 2 counted there.
+BLOCK_VIEW_OPS = {"gpt": 7, "hf": 7}
+CLIP_BYTES_PER_PARAM = 12  # fp32 grads: read for the norm, read + write for the scale
+
+
+def param_tensors(shape: ModelShape) -> int:
+    """Parameter tensors the optimizer loops over (a tied head shares the embedding's tensor)."""
+    if shape.family == "gpt":
+        block = 12  # qkv, proj, fc, fc2 (weight + bias each) + 2 LayerNorms (weight + bias each)
+        top = 1 + (1 if shape.learned_positions else 0) + 2  # wte, wpe, ln_f weight + bias
+    else:
+        block = 4 + (3 if shape.gated_mlp else 2) + 2  # q, k, v, o; MLP matrices; 2 RMSNorms (no biases)
+        top = 1 + 1  # embed_tokens, final norm
+    return shape.layers * block + top + (0 if shape.tied_embeddings else 1)
+
+
+def block_forward_overhead_s(shape: ModelShape, hw: HardwareProfile) -> float:
+    """Forward-only Python cost of one block: module calls (no backward work without hooks) plus the
+    view ops' dispatch, charged in full here because their backward nodes are as cheap as the call."""
+    fam = shape.family if shape.family in BLOCK_MODULES else "hf"
+    mods = BLOCK_MODULES[fam] * (hw.module_call_s or 0.0)
+    views = BLOCK_VIEW_OPS[fam] * (hw.op_overhead_s or 0.0) if hw.module_call_s is not None else 0.0
+    return mods + views
+
+
+def top_forward_overhead_s(shape: ModelShape, hw: HardwareProfile) -> float:
+    fam = shape.family if shape.family in TOP_MODULES else "hf"
+    return TOP_MODULES[fam] * (hw.module_call_s or 0.0)
+
+
+def gelu_seconds(shape: ModelShape, tokens: int, hw: HardwareProfile) -> float | None:
+    """Forward + backward seconds of the MLP activation of one block (None: not measured, or a gated MLP
+    whose activation is SiLU, for which the elementwise traffic term stays)."""
+    if hw.gelu_elems_per_s is None or shape.gated_mlp:
+        return None
+    return tokens * shape.ffn_hidden / hw.gelu_elems_per_s
+
+
+def torch_adam_gbps(hw: HardwareProfile) -> float:
+    """Rate of the device-side step of the ``torch`` system: on a CPU-only machine the device is the
+    host, so it is the measured torch AdamW rate; on a GPU a fused AdamW streams like a cast."""
+    if hw.device_is_host and hw.optimizer_tensor_s is not None and "torch" in hw.host_adam_gbps:
+        return hw.host_adam_gbps["torch"]
+    return hw.device_cast_gbps
+
+
+def optimizer_overhead_s(shape: ModelShape, hw: HardwareProfile, clipping: bool) -> float:
+    """torch.optim per step beyond the Adam bytes: the per-tensor loop of clip + fused AdamW + zero_grad,
+    and the clipping traffic (torch's clip_grad_norm_ reads the grads twice and writes them once)."""
+    if hw.optimizer_tensor_s is None:
+        return 0.0
+    t = param_tensors(shape) * hw.optimizer_tensor_s
+    if clipping and hw.clip_gbps:
+        t += shape.total_params() * CLIP_BYTES_PER_PARAM / (hw.clip_gbps * 1e9)
+    return t
+
+
+def system_step_overhead_s(system: str, shape: ModelShape, hw: HardwareProfile, buckets: int = 0) -> float:
+    """A system's per-step machinery outside the modelled ops (ZeRO-3 / FSDP hooks and flattening per
+    layer and tensor, the engine's per-bucket work), as calibrate measured it on a degenerate model."""
+    c = (hw.system_step_s or {}).get(system)
+    if not c:
+        return 0.0
+    return (c.get("fixed_s", 0.0) + c.get("per_layer_s", 0.0) * shape.layers
+            + c.get("per_tensor_s", 0.0) * param_tensors(shape) + c.get("per_bucket_s", 0.0) * buckets)
+
+
+def _gpt_tensor_sizes(shape: ModelShape, seq: int) -> list[int]:
+    """GPT parameter tensors in registration order (superoffload/harness/models/gpt.py); the harness
+    builds the position table with ``seq`` rows (harness/models build_model)."""
+    h, f, kv = shape.hidden, shape.ffn_hidden, shape.n_kv_heads * shape.head_dim
+    block = [h, h, h * (h + 2 * kv), h + 2 * kv, h * h, h, h, h, h * f, f, f * h, h]
+    top = [shape.vocab * h] + ([seq * h] if shape.learned_positions else [])
+    head = [] if shape.tied_embeddings else [shape.vocab * h]
+    return top + block * shape.layers + [h, h] + head
+
+
+def engine_buckets(shape: ModelShape, bucket_params: int, seq: int) -> int:
+    """Buckets as the SuperOffload engine packs them (engine/layout.py plan_buckets: whole tensors in
+    reverse registration order, a new bucket when the next tensor would overflow ``bucket_params``).
+    The cost model's own buckets split parameters evenly; the per-bucket Python work follows the
+    engine's count. Non-GPT families: the even split's count (their tensor list is not modelled)."""
+    if shape.family != "gpt":
+        return max(1, -(-shape.total_params() // bucket_params))
+    count, size = 1, 0
+    for n in reversed(_gpt_tensor_sizes(shape, seq)):
+        if size and size + n > bucket_params:
+            count, size = count + 1, 0
+        size += n
+    return count
