@@ -358,6 +358,12 @@ class _Builder:
 
 
 # ------------------------------------------------------------------------------------------ memory
+def flow_slots(prefetch_depth: int, flowed_layers: int) -> int:
+    """Device buffers of flowed layers at peak: ``prefetch_depth`` (= the engine's flow_prefetch + 1:
+    the block in use plus those fetched ahead), but no more than there are flowed layers."""
+    return min(prefetch_depth, flowed_layers)
+
+
 def estimate_memory(w: Workload, hw: HardwareProfile, spec: SystemSpec, opts: Options) -> MemoryEstimate:
     """Itemised peak device and host bytes (see docs/cost_model.md for each term's reasoning)."""
     sh = w.shape
@@ -389,7 +395,9 @@ def estimate_memory(w: Workload, hw: HardwareProfile, spec: SystemSpec, opts: Op
         return m
     m.device["params_bf16"] = BF16 * (n - streamed)
     if streamed:
-        m.device["flow_prefetch_slots"] = spec.prefetch_depth * BF16 * layer
+        # the engine holds at most 1 + flow_prefetch flowed blocks at once, never more than flow
+        # (its weight_flow stats: peak_resident_blocks)
+        m.device["flow_prefetch_slots"] = flow_slots(spec.prefetch_depth, len(spec.flow_layers)) * BF16 * layer
         m.host["flow_bf16_copy"] = BF16 * streamed
     m.device["tail_optimizer_state"] = (ADAM_STATE + BF16) * tail
     bucket = min(spec.bucket_params, n)

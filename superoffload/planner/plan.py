@@ -219,6 +219,9 @@ def _choose_flow(w: Workload, hw: HardwareProfile, opts: Options, budget: float,
     flow = list(range(sh.layers - k, sh.layers))
     while _device_need(w, hw, replace(opts, flow_layers=tuple(flow))) > budget and len(flow) < sh.layers:
         flow.insert(0, flow[0] - 1)
+    # the estimate charged every prefetch slot; fewer flowed layers than slots need fewer buffers
+    while len(flow) > 1 and _device_need(w, hw, replace(opts, flow_layers=tuple(flow[1:]))) <= budget:
+        flow.pop(0)
     t_fetch = hw.link("h2d").seconds(BF16 * layer)
     t_fwd = layer_forward_seconds(w, hw)
     hides = t_fetch <= t_fwd

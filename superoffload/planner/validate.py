@@ -30,7 +30,8 @@ def _options(rec: dict[str, Any]) -> Options:
     return Options(speculation=cfg["speculation"], device_tail_buckets=cfg["device_tail_buckets"],
                    bucket_size_params=cfg["bucket_size"], cast_policy=cfg["grad_cast"],
                    exact_mode=cfg["rollback_mode"], grad_accum=cfg["grad_accum"],
-                   flow_layers=tuple(cfg.get("flow_layers", ())), clipping=cfg["grad_clip"] > 0)
+                   flow_layers=tuple(cfg.get("flow_layers", ())), clipping=cfg["grad_clip"] > 0,
+                   prefetch_depth=cfg.get("flow_prefetch", 1) + 1)  # the block in use + those fetched ahead
 
 
 def compare(records: list[dict[str, Any]], hw: HardwareProfile) -> list[dict[str, Any]]:
