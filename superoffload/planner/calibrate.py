@@ -187,6 +187,24 @@ def _attention_bwd_ratio(device: str, dtype: torch.dtype, sync: Callable[[], Non
     return max(0.5, (t_both - t_fwd) / t_fwd)
 
 
+def _attention_curve(device: str, dtype: torch.dtype, quick: bool, sync: Callable[[], None]) -> LinkCurve:
+    """Achieved GFLOP/s of one causal SDPA forward vs its FLOPs (2·b·heads·s²·head_dim, the cost model's
+    count): like GEMMs, short sequences run far below the large-kernel rate."""
+    if device == "cpu":
+        b, h, d, seqs = 1, 4, 64, ((64, 256, 1024) if quick else (64, 128, 256, 512, 1024))
+    else:
+        b, h, d, seqs = 2, 16, 128, ((256, 1024, 4096) if quick else (128, 256, 512, 1024, 2048, 4096))
+    flops, rates = [], []
+    for s in seqs:
+        q, k, v = (torch.randn(b, h, s, d, device=device, dtype=dtype) for _ in range(3))
+        f = 2.0 * b * h * s * s * d
+        t = _best(lambda q=q, k=k, v=v: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True),
+                  5 if s <= 256 else 3, sync)
+        flops.append(int(f))
+        rates.append(f / t / 1e9)
+    return LinkCurve(flops, rates)
+
+
 def _attention_factor(device: str, dtype: torch.dtype, quick: bool, matmul: float,
                       sync: Callable[[], None]) -> float:
     b, h, s, d = (1, 4, 512, 64) if device == "cpu" else ((2, 16, 2048, 128) if quick else (4, 32, 4096, 128))
@@ -320,6 +338,7 @@ def _cpu_profile(quick: bool, systems: bool = True) -> HardwareProfile:
         matmul_curve=_matmul_curve("cpu", torch.float32, quick, lambda: None),
         elementwise_gbps=_elementwise_gbps("cpu", lambda: None), op_overhead_s=_op_overhead("cpu", lambda: None),
         attention_bwd_ratio=_attention_bwd_ratio("cpu", torch.float32, lambda: None),
+        attention_curve=_attention_curve("cpu", torch.float32, quick, lambda: None),
         **_overhead_fields("cpu", quick, systems, lambda: None, notes))
 
 
@@ -374,6 +393,7 @@ def _cuda_profile(quick: bool, systems: bool = True) -> HardwareProfile:
         matmul_curve=_matmul_curve("cuda", torch.bfloat16, quick, sync),
         elementwise_gbps=_elementwise_gbps("cuda", sync), op_overhead_s=_op_overhead("cuda", sync),
         attention_bwd_ratio=_attention_bwd_ratio("cuda", torch.bfloat16, sync),
+        attention_curve=_attention_curve("cuda", torch.bfloat16, quick, sync),
         **_overhead_fields("cuda", quick, systems, sync, notes))
 
 

@@ -79,13 +79,13 @@ class _Costs:
     def __init__(self, w: Workload, hw: HardwareProfile) -> None:
         lf = layer_forward_flops(w.shape, w.seq, w.batch)
         mm = hw.device_matmul_flops
-        self.fwd_layer = lf.matmul / mm + lf.attention / (mm * hw.attention_factor)
+        self.fwd_layer = lf.matmul / mm + attention_seconds(hw, lf.attention)
         self.fwd_head = head_forward_flops(w.shape, w.seq, w.batch) / mm
         self.bwd_layer = 2 * self.fwd_layer
         if hw.matmul_curve is not None and hw.elementwise_gbps and hw.op_overhead_s is not None:
             self.fwd_layer, self.fwd_head = _small_op_forward(w, hw, lf.attention)
             # backward: 2x forward, except attention, whose backward/forward ratio calibrate measures
-            attn = lf.attention / (mm * hw.attention_factor)
+            attn = attention_seconds(hw, lf.attention)
             ratio = hw.attention_bwd_ratio if hw.attention_bwd_ratio is not None else 2.0
             self.bwd_layer = 2 * (self.fwd_layer - attn) + ratio * attn
             # measured activation: forward 1/3, backward 2/3 of its fwd+bwd time (as op_overhead_s)
@@ -125,6 +125,14 @@ def _block_gemms(shape, tokens: int) -> list[tuple[int, int, int]]:
     return [(tokens, h, h + 2 * kv), (tokens, h, h)] + mlp
 
 
+def attention_seconds(hw: HardwareProfile, flops: float) -> float:
+    """Causal attention forward: at the measured rate for its size when calibrate measured the curve
+    (small attentions run far below the large-kernel rate), else at attention_factor of the matmul rate."""
+    if hw.attention_curve is not None:
+        return flops / (hw.attention_curve.bandwidth(flops) * 1e9) if flops > 0 else 0.0
+    return flops / (hw.device_matmul_flops * hw.attention_factor)
+
+
 def _gemm_seconds(hw: HardwareProfile, m: int, k: int, n: int) -> float:
     flops = 2.0 * m * k * n
     return flops / (hw.matmul_curve.bandwidth(flops) * 1e9)
@@ -135,7 +143,7 @@ def _small_op_forward(w: Workload, hw: HardwareProfile, attention_flops: float) 
     per-op dispatch (used when the profile was measured by calibrate)."""
     sh, tokens = w.shape, w.seq * w.batch
     gemm = sum(_gemm_seconds(hw, *g) for g in _block_gemms(sh, tokens))
-    attn = attention_flops / (hw.device_matmul_flops * hw.attention_factor)
+    attn = attention_seconds(hw, attention_flops)
     # the MLP activation's 2f elements of traffic are in its measured time when calibrate measured it
     act = 0 if ov.gelu_seconds(sh, tokens, hw) is not None else 2 * sh.ffn_hidden
     elementwise = tokens * (14 * sh.hidden + act) * ACT_BYTES / (hw.elementwise_gbps * 1e9)

@@ -117,6 +117,9 @@ class HardwareProfile:
     elementwise_gbps: float | None = None
     op_overhead_s: float | None = None
     attention_bwd_ratio: float | None = None  # SDPA backward time / forward time (None: 2, like GEMMs)
+    # achieved GFLOP/s of one causal SDPA forward vs its FLOPs (a LinkCurve like matmul_curve); None:
+    # attention at attention_factor x device_matmul_flops whatever its size
+    attention_curve: LinkCurve | None = None
     # Framework overhead, measured by `calibrate` with microbenchmarks of their own (None in the presets:
     # no public spec gives them, and on a large GPU model they are noise; profiles without them keep
     # the model above). Counts (modules, parameter tensors) come from the model structure (overhead.py).
@@ -158,7 +161,7 @@ class HardwareProfile:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> HardwareProfile:
         d = dict(d)
-        for key in ("h2d_pinned", "d2h_pinned", "h2d_pageable", "d2h_pageable", "matmul_curve"):
+        for key in ("h2d_pinned", "d2h_pinned", "h2d_pageable", "d2h_pageable", "matmul_curve", "attention_curve"):
             if d.get(key) is not None:
                 d[key] = LinkCurve(**d[key])
         known = set(cls.__dataclass_fields__)

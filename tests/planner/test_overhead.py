@@ -165,3 +165,24 @@ def test_fit_recovers_linear_coefficients(monkeypatch) -> None:
 def test_measure_reports_a_failing_system_in_the_notes() -> None:
     out, notes = cs.measure(("no_such_system",), timeout_s=60)
     assert out == {} and "no_such_system not measured" in notes[0]
+
+
+def test_attention_curve_term_hand_computed() -> None:
+    from superoffload.planner.costmodel import attention_seconds
+    from superoffload.planner.flops import layer_forward_flops
+
+    hw0 = _small_op_profile()
+    hw = dataclasses.replace(hw0, attention_curve=LinkCurve([10**6, 10**8], [10.0, 50.0]))
+    w = Workload(TOY, 32, 2, activation_checkpointing=False)
+    flops = layer_forward_flops(TOY, 32, 2).attention  # 2·b·s²·h = 262144: below the curve, clamped
+    assert attention_seconds(hw, flops) == pytest.approx(flops / 10e9)
+    assert attention_seconds(hw0, flops) == pytest.approx(flops / (hw0.device_matmul_flops * hw0.attention_factor))
+    before, after = _Costs(w, hw0), _Costs(w, hw)
+    delta = flops / 10e9 - attention_seconds(hw0, flops)
+    assert after.fwd_layer - before.fwd_layer == pytest.approx(delta, rel=1e-9)
+    assert after.bwd_layer - before.bwd_layer == pytest.approx(2.5 * delta, rel=1e-9)  # attention_bwd_ratio
+
+
+def test_attention_curve_microbenchmark() -> None:
+    curve = cal._attention_curve("cpu", torch.float32, True, _noop)
+    assert len(curve.sizes) == 3 and all(g > 0 for g in curve.gbps)
