@@ -402,6 +402,10 @@ def calibrate(out_path: str | os.PathLike[str] | None = None, quick: bool = Fals
     """Measure this machine; write the profile JSON atomically to ``out_path`` if given. ``systems``:
     also time each training system's step machinery on a degenerate model (not with ``quick``)."""
     prof = _cuda_profile(quick, systems) if torch.cuda.is_available() else _cpu_profile(quick, systems)
+    if prof.system_step_s:
+        from superoffload.planner.calibrate_systems import net_of_model
+
+        prof.system_step_s = net_of_model(prof)  # the per-parameter slope net of the modelled copies/Adam
     if out_path is not None:
         prof.save(out_path)
     return prof

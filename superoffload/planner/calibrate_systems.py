@@ -8,10 +8,12 @@ step time we subtract what the cost model charges separately for the same model 
 backward, measured; for torch-AdamW systems the optimizer's per-tensor loop), and fit
 
     overhead = fixed + per_layer * blocks + per_tensor * parameter tensors + per_bucket * buckets
+               + per_param * parameters
 
-from configurations that change one count at a time. Each system runs in a subprocess of its own so a
-DeepSpeed or process-group failure costs that system only (it is then left out, and the profile's
-notes say why). The harness is imported lazily: the planner does not depend on it otherwise.
+from configurations that change one count at a time (per_param from the same model 256 wide, then
+net of what the cost model charges per parameter itself: copies, casts, Adam). Each system runs in
+a subprocess of its own so a DeepSpeed or process-group failure costs that system only (it is then
+left out, and the profile's notes say why). The harness is imported lazily: the planner does not depend on it otherwise.
 """
 
 from __future__ import annotations
@@ -26,23 +28,26 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-WIDTH, VOCAB, SEQ = 8, 16, 4
-# (blocks, Linear layers per block, SuperOffload bucket size in params)
+WIDTH, WIDE, VOCAB, SEQ = 8, 256, 16, 4
+# (blocks, Linear layers per block, SuperOffload bucket size in params); BASE also at width WIDE
 BASE, MORE_BLOCKS, MORE_TENSORS, MORE_BUCKETS = (2, 1, 1 << 20), (6, 1, 1 << 20), (2, 4, 1 << 20), (2, 4, 32)
+# stages the cost model charges per parameter (everything but the compute of forward and backward)
+PER_PARAM_STAGES = ("d2h", "h2d", "host_adam", "host_cast", "host_commit", "host_copy_wait", "device_cast",
+                    "device_adam", "weight_fetch")
 SYSTEMS = ("superoffload", "zero_offload", "zero_infinity", "ds_superoffload", "fsdp_offload")
 TORCH_ADAM_SYSTEMS = ("fsdp_offload",)  # the cost model charges torch.optim's per-tensor loop itself
 
 
 class DegenerateLM(nn.Module):
-    """Embedding -> ``blocks`` x (``per_block`` Linear(8, 8)) -> untied head; ``forward(idx, targets)``
-    returns the loss like the harness's models. ``blocks`` is what FSDP wraps per unit."""
+    """Embedding -> ``blocks`` x (``per_block`` Linear(width, width)) -> untied head; ``forward(idx,
+    targets)`` returns the loss like the harness's models. ``blocks`` is what FSDP wraps per unit."""
 
-    def __init__(self, blocks: int, per_block: int) -> None:
+    def __init__(self, blocks: int, per_block: int, width: int = WIDTH) -> None:
         super().__init__()
-        self.emb = nn.Embedding(VOCAB, WIDTH)
-        self.blocks = nn.ModuleList(nn.Sequential(*(nn.Linear(WIDTH, WIDTH) for _ in range(per_block)))
+        self.emb = nn.Embedding(VOCAB, width)
+        self.blocks = nn.ModuleList(nn.Sequential(*(nn.Linear(width, width) for _ in range(per_block)))
                                     for _ in range(blocks))
-        self.head = nn.Linear(WIDTH, VOCAB, bias=False)
+        self.head = nn.Linear(width, VOCAB, bias=False)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         x = self.emb(idx)
@@ -53,6 +58,10 @@ class DegenerateLM(nn.Module):
 
 def param_tensors(blocks: int, per_block: int) -> int:
     return 2 + 2 * blocks * per_block  # embedding, head, weight + bias per Linear
+
+
+def param_count(blocks: int, per_block: int, width: int = WIDTH) -> int:
+    return 2 * VOCAB * width + blocks * per_block * (width * width + width)
 
 
 def _batch() -> tuple[torch.Tensor, torch.Tensor]:
@@ -71,10 +80,10 @@ def _best_step(fn: Any, steps: int) -> float:
     return best
 
 
-def forward_backward_s(blocks: int, per_block: int, steps: int = 20) -> float:
+def forward_backward_s(blocks: int, per_block: int, steps: int = 20, width: int = WIDTH) -> float:
     """The plain autograd work of the degenerate model: what the cost model's compute terms cover."""
     torch.manual_seed(0)
-    m = DegenerateLM(blocks, per_block)
+    m = DegenerateLM(blocks, per_block, width)
     x, y = _batch()
 
     def fb() -> None:
@@ -85,15 +94,15 @@ def forward_backward_s(blocks: int, per_block: int, steps: int = 20) -> float:
 
 
 def system_step_s(system: str, blocks: int, per_block: int, bucket: int, steps: int = 25,
-                  optimizer_tensor_s: float = 0.0) -> tuple[float, int]:
+                  optimizer_tensor_s: float = 0.0, width: int = WIDTH) -> tuple[float, int]:
     """(step seconds minus the separately modelled work, SuperOffload host+device buckets or 0)."""
     from superoffload.harness.system import Batch, RunConfig
     from superoffload.harness.systems import create_system
     from superoffload.shapes import ModelShape
 
     torch.manual_seed(0)
-    model = DegenerateLM(blocks, per_block)
-    shape = ModelShape(name="degenerate", layers=blocks, hidden=WIDTH, heads=1, vocab=VOCAB, ffn_hidden=WIDTH,
+    model = DegenerateLM(blocks, per_block, width)
+    shape = ModelShape(name="degenerate", layers=blocks, hidden=width, heads=1, vocab=VOCAB, ffn_hidden=width,
                        max_seq=SEQ)
     cuda = torch.cuda.is_available()
     opts: dict[str, Any] = {}
@@ -118,28 +127,73 @@ def system_step_s(system: str, blocks: int, per_block: int, bucket: int, steps: 
     finally:
         sysobj.teardown()
     buckets = int(stats.get("buckets_host", 0)) + int(stats.get("buckets_device", 0))
-    t -= forward_backward_s(blocks, per_block)
+    t -= forward_backward_s(blocks, per_block, width=width)
     if system in TORCH_ADAM_SYSTEMS:
         t -= optimizer_tensor_s * param_tensors(blocks, per_block)
     return t, buckets
 
 
 def fit(system: str, optimizer_tensor_s: float = 0.0) -> dict[str, float]:
-    """The four coefficients, each from the configuration that changes its count alone (clamped at 0:
-    a negative slope is measurement noise, not a speed-up)."""
-    base, _ = system_step_s(system, *BASE, optimizer_tensor_s=optimizer_tensor_s)
-    blocks, _ = system_step_s(system, *MORE_BLOCKS, optimizer_tensor_s=optimizer_tensor_s)
-    tensors, few = system_step_s(system, *MORE_TENSORS, optimizer_tensor_s=optimizer_tensor_s)
-    per_tensor = max(0.0, (tensors - base) / (param_tensors(*MORE_TENSORS[:2]) - param_tensors(*BASE[:2])))
-    # an extra block adds one layer and its tensors
+    """The five coefficients, each from the configuration that changes one count (and, where it must,
+    the parameter count, whose slope comes first); clamped at 0: a negative slope is measurement noise,
+    not a speed-up."""
+    def step(cfg: tuple[int, int, int], width: int = WIDTH) -> tuple[float, int]:
+        return system_step_s(system, *cfg, optimizer_tensor_s=optimizer_tensor_s, width=width)
+
+    def params(cfg: tuple[int, int, int]) -> int:
+        return param_count(*cfg[:2])
+
+    base, _ = step(BASE)
+    # size-dependent work (copies into flat buffers, partitioning, the optimizer): the same structure
+    # WIDE wide; calibrate later takes off what the cost model charges per parameter itself (net_of_model)
+    wide, _ = step(BASE, WIDE)
+    per_param = max(0.0, (wide - base) / (param_count(*BASE[:2], WIDE) - params(BASE)))
+    tensors, few = step(MORE_TENSORS)
+    per_tensor = max(0.0, (tensors - base - per_param * (params(MORE_TENSORS) - params(BASE)))
+                     / (param_tensors(*MORE_TENSORS[:2]) - param_tensors(*BASE[:2])))
+    # an extra block adds one layer, its tensors and its parameters
+    blocks, _ = step(MORE_BLOCKS)
     added = param_tensors(*MORE_BLOCKS[:2]) - param_tensors(*BASE[:2])
-    per_layer = max(0.0, (blocks - base - added * per_tensor) / (MORE_BLOCKS[0] - BASE[0]))
+    per_layer = max(0.0, (blocks - base - added * per_tensor - per_param * (params(MORE_BLOCKS) - params(BASE)))
+                    / (MORE_BLOCKS[0] - BASE[0]))
     per_bucket = 0.0
     if system == "superoffload":
-        many, n_many = system_step_s(system, *MORE_BUCKETS)
+        many, n_many = step(MORE_BUCKETS)  # the same model as MORE_TENSORS, cut into more buckets
         per_bucket = max(0.0, (many - tensors) / max(1, n_many - few))
-    fixed = max(0.0, base - BASE[0] * per_layer - param_tensors(*BASE[:2]) * per_tensor - few * per_bucket)
-    return {"fixed_s": fixed, "per_layer_s": per_layer, "per_tensor_s": per_tensor, "per_bucket_s": per_bucket}
+    fixed = max(0.0, base - BASE[0] * per_layer - param_tensors(*BASE[:2]) * per_tensor - few * per_bucket
+                - per_param * params(BASE))
+    return {"fixed_s": fixed, "per_layer_s": per_layer, "per_tensor_s": per_tensor, "per_bucket_s": per_bucket,
+            "per_param_raw_s": per_param}
+
+
+def modelled_per_param_s(system: str, hw: Any) -> float:
+    """Seconds per parameter the cost model already charges ``system`` outside forward/backward compute
+    (copies, casts, Adam), from two GPT shapes of the degenerate widths on the profile ``hw``."""
+    import dataclasses
+
+    from superoffload.planner.costmodel import Workload, predict
+    from superoffload.planner.systems import Options
+    from superoffload.shapes import ModelShape
+
+    bare = dataclasses.replace(hw, system_step_s=None)
+    opts = Options(speculation=torch.cuda.is_available(), bucket_size_params=1 << 20, clipping=True)
+    work = []
+    for width in (WIDTH, WIDE):
+        shape = ModelShape(name="degenerate", layers=BASE[0], hidden=width, heads=1, vocab=VOCAB,
+                           ffn_hidden=width, max_seq=SEQ)
+        pred = predict(system, Workload(shape, SEQ, 1, False), bare, opts)
+        work.append((shape.total_params(), sum(pred.stage_s.get(k, 0.0) for k in PER_PARAM_STAGES)))
+    return max(0.0, (work[1][1] - work[0][1]) / (work[1][0] - work[0][0]))
+
+
+def net_of_model(hw: Any) -> dict[str, dict[str, float]]:
+    """``hw.system_step_s`` with per_param_s = the measured per-parameter slope minus what the cost model
+    charges per parameter itself (so nothing is counted twice); the raw slope stays for the record."""
+    out = {}
+    for system, c in (hw.system_step_s or {}).items():
+        raw = c.get("per_param_raw_s", 0.0)
+        out[system] = {**c, "per_param_s": max(0.0, raw - modelled_per_param_s(system, hw))}
+    return out
 
 
 def measure(systems: tuple[str, ...] = SYSTEMS, optimizer_tensor_s: float = 0.0,

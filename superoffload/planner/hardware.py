@@ -129,7 +129,7 @@ class HardwareProfile:
     clip_gbps: float | None = None  # global-norm clipping traffic at 12 B/param (norm read, scale read+write)
     # per system: the step machinery (hooks, flattening, communication layer, the engine's per-bucket
     # work) outside the modelled ops, measured on a degenerate model (calibrate_systems.py) as
-    # {"fixed_s", "per_layer_s", "per_tensor_s", "per_bucket_s"}
+    # {"fixed_s", "per_layer_s", "per_tensor_s", "per_bucket_s", "per_param_s" (+ "per_param_raw_s")}
     system_step_s: dict[str, dict[str, float]] | None = None
 
     # --- derived rates ---------------------------------------------------------------------------

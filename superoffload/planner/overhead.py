@@ -79,12 +79,14 @@ def optimizer_overhead_s(shape: ModelShape, hw: HardwareProfile, clipping: bool)
 
 def system_step_overhead_s(system: str, shape: ModelShape, hw: HardwareProfile, buckets: int = 0) -> float:
     """A system's per-step machinery outside the modelled ops (ZeRO-3 / FSDP hooks and flattening per
-    layer and tensor, the engine's per-bucket work), as calibrate measured it on a degenerate model."""
+    layer and tensor, the engine's per-bucket work, size-dependent copies the graph does not have), as
+    calibrate measured it on a degenerate model."""
     c = (hw.system_step_s or {}).get(system)
     if not c:
         return 0.0
     return (c.get("fixed_s", 0.0) + c.get("per_layer_s", 0.0) * shape.layers
-            + c.get("per_tensor_s", 0.0) * param_tensors(shape) + c.get("per_bucket_s", 0.0) * buckets)
+            + c.get("per_tensor_s", 0.0) * param_tensors(shape) + c.get("per_bucket_s", 0.0) * buckets
+            + c.get("per_param_s", 0.0) * shape.total_params())
 
 
 def _gpt_tensor_sizes(shape: ModelShape, seq: int) -> list[int]:

@@ -109,6 +109,9 @@ def test_system_step_terms_hand_computed() -> None:
     opts = Options(speculation=False, bucket_size_params=65536, cast_policy="device")
     so = predict("superoffload", w, hw, opts).stage_s["system_overhead"]
     assert so == pytest.approx(zero + 3e-5 * 23, rel=1e-9)  # the engine packs gpt-tiny into 23 buckets
+    per_param = dataclasses.replace(hw, system_step_s={"zero_offload": {**coeffs, "per_param_s": 1e-9}})
+    delta = predict("zero_offload", w, per_param).step_time_s - predict("zero_offload", w, hw).step_time_s
+    assert delta == pytest.approx(1e-9 * w.shape.total_params(), rel=1e-6)
     # a system the profile has no coefficients for is unchanged
     assert predict("fsdp_offload", w, hw).step_time_s == pytest.approx(predict("fsdp_offload", w, hw0).step_time_s)
 
@@ -148,18 +151,31 @@ def test_superoffload_step_machinery_on_the_degenerate_model() -> None:
 def test_fit_recovers_linear_coefficients(monkeypatch) -> None:
     """The fit's algebra on a synthetic system whose step is exactly fixed + per_layer*blocks +
     per_tensor*tensors + per_bucket*buckets (buckets: 1 for a large bucket, 10 for a small one)."""
-    truth = {"fixed_s": 2e-3, "per_layer_s": 3e-4, "per_tensor_s": 5e-5, "per_bucket_s": 7e-5}
+    truth = {"fixed_s": 2e-3, "per_layer_s": 3e-4, "per_tensor_s": 5e-5, "per_bucket_s": 7e-5,
+             "per_param_raw_s": 3e-9}
 
-    def fake(system, blocks, per_block, bucket, steps=25, optimizer_tensor_s=0.0):
+    def fake(system, blocks, per_block, bucket, steps=25, optimizer_tensor_s=0.0, width=cs.WIDTH):
         buckets = 1 if bucket > 1000 else 10
         t = (truth["fixed_s"] + truth["per_layer_s"] * blocks
-             + truth["per_tensor_s"] * cs.param_tensors(blocks, per_block) + truth["per_bucket_s"] * buckets)
+             + truth["per_tensor_s"] * cs.param_tensors(blocks, per_block) + truth["per_bucket_s"] * buckets
+             + truth["per_param_raw_s"] * cs.param_count(blocks, per_block, width))
         return t, buckets
 
     monkeypatch.setattr(cs, "system_step_s", fake)
     got = cs.fit("superoffload")
     assert got == pytest.approx(truth, rel=1e-9)
     assert cs.fit("zero_offload")["per_bucket_s"] == 0.0
+
+
+def test_per_param_slope_is_net_of_what_the_model_charges() -> None:
+    hw = dataclasses.replace(get_profile("cpu"), system_step_s={
+        "zero_offload": {"fixed_s": 1e-3, "per_layer_s": 0.0, "per_tensor_s": 0.0, "per_bucket_s": 0.0,
+                         "per_param_raw_s": 1e-7}})
+    modelled = cs.modelled_per_param_s("zero_offload", hw)
+    assert 0 < modelled < 1e-7  # D2H, CPU-Adam, the pageable return: a few ns per parameter
+    net = cs.net_of_model(hw)["zero_offload"]
+    assert net["per_param_s"] == pytest.approx(1e-7 - modelled) and net["per_param_raw_s"] == 1e-7
+    assert net["fixed_s"] == 1e-3
 
 
 def test_measure_reports_a_failing_system_in_the_notes() -> None:
