@@ -202,3 +202,10 @@ def test_attention_curve_term_hand_computed() -> None:
 def test_attention_curve_microbenchmark() -> None:
     curve = cal._attention_curve("cpu", torch.float32, True, _noop)
     assert len(curve.sizes) == 3 and all(g > 0 for g in curve.gbps)
+
+
+def test_cold_matmul_microbenchmark() -> None:
+    """The GEMM curve rotates through a pool of operand pairs (cold caches); tiny pool for speed."""
+    assert cal._cold_matmul_flops("cpu", torch.float32, 32, 3, _noop, pool_bytes=1 << 16) > 0
+    curve = cal._matmul_curve("cpu", torch.float32, True, _noop, pool_bytes=1 << 20)
+    assert len(curve.sizes) == 3 and all(g > 0 for g in curve.gbps)
