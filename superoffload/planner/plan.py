@@ -28,6 +28,7 @@ LINK_SATURATION = 0.90  # bucket = smallest transfer reaching this share of the 
 MIN_BUCKETS = 16  # keep at least this many buckets so transfers and host steps pipeline
 STAGING_SHARE = 0.05  # bucket staging buffers may use at most this share of the HBM budget
 TAIL_STATE_BYTES = ADAM_STATE + BF16  # fp32 master, m, v + the bf16 gradient, per tail param
+FULL_COPY_MIN_GAIN = 0.01  # full_copy costs 12 B/param of host memory: take it only for a >= 1 % faster step
 
 
 class PlanInfeasible(ValueError):
@@ -147,6 +148,8 @@ def make_plan(shape: ModelShape, seq: int, batch: int, hardware: HardwareProfile
         reasons.append("Speculation: off: the device is the host, so there is no idle host to overlap "
                        "with backward; validate-then-step is the same arithmetic with one pass fewer.")
         pred = predict("superoffload", w, hw, replace(opts, speculation=False))
+    else:
+        exact, pred = _prefer_full_copy(w, hw, replace(opts, exact_mode=exact), pred, reasons)
     return Plan(model=shape.name, seq=seq, batch=batch, hardware=hw.name,
                 activation_checkpointing=activation_checkpointing, bucket_size_params=bucket,
                 device_tail_buckets=tail, cast_policy=cast, flow_layers=list(flow), host_adam=kind,
@@ -185,8 +188,8 @@ def _host_capacity(w: Workload, hw: HardwareProfile, opts: Options) -> float:
 
 def _choose_exact_mode(w: Workload, hw: HardwareProfile, opts: Options, reasons: list[str]) -> str:
     cap = _host_capacity(w, hw, opts)
-    # deferred commit: no extra memory, and its second pass runs during the next forward, when the host
-    # is otherwise idle; full_copy (12 B/param) only buys a shorter commit, which is off the critical path
+    # deferred commit first: no extra memory. full_copy (12 B/param) is considered after the tail is
+    # chosen (_prefer_full_copy), by the cost model, when speculation is on
     for mode in ("deferred",):
         need = _host_need(w, hw, replace(opts, exact_mode=mode))
         if need <= cap:
@@ -200,6 +203,24 @@ def _choose_exact_mode(w: Workload, hw: HardwareProfile, opts: Options, reasons:
         f"{w.shape.name}: host memory needs {need:.3e} bytes ({_gb(need)}, ~{per_param:.1f} B/param for fp32 "
         f"master, Adam m and v and gradients) but {hw.name} has {cap:.3e} bytes ({_gb(cap)}) usable. "
         f"It would fit with a model of at most ~{cap / per_param / 1e9:.1f}B params or more host memory.")
+
+
+def _prefer_full_copy(w: Workload, hw: HardwareProfile, opts: Options, pred: Prediction,
+                      reasons: list[str]) -> tuple[str, Prediction]:
+    """full_copy double-buffers the host state (12 B/param of host memory): its speculative pass writes
+    the new state to the spare set and nothing runs after validation, where deferred needs a commit pass
+    that competes with the next step's host work. Take it where it fits and the cost model says it wins."""
+    alt = replace(opts, exact_mode="full_copy")
+    need, cap = _host_need(w, hw, alt), _host_capacity(w, hw, alt)
+    if need > cap:
+        return opts.exact_mode, pred
+    alt_pred = predict("superoffload", w, hw, alt)
+    if alt_pred.step_time_s >= pred.step_time_s * (1 - FULL_COPY_MIN_GAIN):
+        return opts.exact_mode, pred
+    reasons.append(f"Exactness: 'full_copy' instead ({EXACT_EXTRA_HOST_BYTES['full_copy']} B/param extra host "
+                   f"memory, host needs {_gb(need)} of {_gb(cap)}): no commit pass after validation; predicted "
+                   f"step {alt_pred.step_time_s * 1e3:.1f} ms vs {pred.step_time_s * 1e3:.1f} ms with 'deferred'.")
+    return "full_copy", alt_pred
 
 
 def _choose_flow(w: Workload, hw: HardwareProfile, opts: Options, budget: float,

@@ -17,9 +17,12 @@ ADAM_KINDS = ("graceadam", "cpuadam", "torch")
 # The engine's rollback modes (superoffload/engine/config.py `rollback_mode`) plus "none" (no speculation).
 EXACT_MODES = ("deferred", "full_copy", "none")
 
-# Extra host traffic per param that exactness costs (DESIGN.md "Exactness"): the full copy writes p, m, v
-# once more in the speculative pass; the deferred commit is a second pass after validation (it re-reads
-# p, m, v, g: ~16 B/param more than one in-place pass, run during the next forward, off the critical path).
+# Extra host traffic per param that exactness costs (DESIGN.md "Exactness"). full_copy is double-buffered:
+# the speculative pass writes the new p, m, v to a spare set instead of in place, so the spare lines are
+# read for ownership (12 B) unless the kernel uses streaming stores (GraceAdam's x86 paths do; the NEON /
+# SVE paths of a Grace host do not, hence 12); commit is a buffer swap. The deferred commit is a second
+# pass after validation (re-reads p, m, v, g: ~16 B/param more than one in-place pass, run during the
+# next forward).
 EXACT_SPEC_EXTRA = {"full_copy": 12.0, "deferred": 0.0, "none": 0.0}
 EXACT_COMMIT_BYTES = {"full_copy": 0.0, "deferred": 16.0, "none": 0.0}
 

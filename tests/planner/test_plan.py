@@ -102,3 +102,20 @@ def test_planner_does_not_import_the_harness() -> None:
     code = f"import sys, {mods}; print('superoffload.harness' in sys.modules)"
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert res.stdout.strip() == "False"
+
+
+def test_full_copy_chosen_only_where_it_fits_and_wins():
+    """gpt-20b on gh200: the deferred commit pass leaves host work exposed and full_copy (no commit pass)
+    is predicted faster, but its 12 B/param do not fit 480 GB; with more host memory it is chosen."""
+    from dataclasses import replace
+
+    hw = get_profile("gh200")
+    small = make_plan(get_shape("gpt-20b"), 1024, 8, hw)
+    assert small.exact_mode == "deferred"
+    big = make_plan(get_shape("gpt-20b"), 1024, 8, replace(hw, host_memory_bytes=2 * hw.host_memory_bytes))
+    assert big.exact_mode == "full_copy"
+    assert big.predicted.step_time_s < small.predicted.step_time_s
+    assert any("'full_copy' instead" in r for r in big.reasons)
+    # where the commit pass hides under the next forward, the 12 B/param are not worth it
+    assert make_plan(get_shape("gpt-5b"), 1024, 8, replace(hw, host_memory_bytes=2 * hw.host_memory_bytes)
+                     ).exact_mode == "deferred"
