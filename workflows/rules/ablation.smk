@@ -24,7 +24,7 @@ rule ablation_run:
         f"{RES}/logs/ablation/{{variant}}.log",
     benchmark:
         f"{RES}/benchmarks/ablation/{{variant}}.tsv"
-    threads: threads_for(SW["threads"])
+    threads: EXCLUSIVE
     resources:
         gpu=1,
     params:
@@ -36,7 +36,7 @@ rule ablation_run:
             bench_cmd(config["ablation"]["system"], AB["model"], AB["seq"], AB["batch"],
                       config["steps_override"] or AB["steps"],
                       AB["warmup"] if config["warmup_override"] is None else config["warmup_override"],
-                      ABLATION[wc.variant]["options"], threads=SW["threads"] and threads,
+                      ABLATION[wc.variant]["options"], threads=SW["threads"],
                       dtype=AB["dtype"] or SW["dtype"])
             + ["--out", f"{RES}/ablation/{wc.variant}.json"],
             system=config["ablation"]["system"], model=AB["model"], seq=AB["seq"], batch=AB["batch"],

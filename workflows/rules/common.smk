@@ -153,8 +153,10 @@ def guard(mode, out, log, cmd, **meta):
     return shlex.join(g + ["--", *pre, *cmd])
 
 
-def threads_for(cfg_threads):
-    return cfg_threads or 1
+# A measured job claims every core of the workflow, so that Snakemake schedules nothing beside it (the
+# gpu=1 resource only serialises measured jobs among themselves; a report or prediction job running on
+# the "free" core slowed the CPU smoke runs by up to 40 %). The run's own thread count is --threads.
+EXCLUSIVE = workflow.cores
 
 
 # --- ablation --------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ rule bench_adam:
         f"{RES}/logs/microbench/adam.log",
     benchmark:
         f"{RES}/benchmarks/microbench/adam.tsv"
-    threads: 1
+    threads: EXCLUSIVE
     resources:
         gpu=1,
     params:
@@ -31,6 +31,7 @@ rule bench_cast:
         f"{RES}/logs/microbench/cast.log",
     benchmark:
         f"{RES}/benchmarks/microbench/cast.tsv"
+    threads: EXCLUSIVE
     resources:
         gpu=1,
     params:
@@ -50,6 +51,7 @@ rule calibrate_run:
     benchmark:
         f"{RES}/benchmarks/calibrate.tsv"
     priority: 50
+    threads: EXCLUSIVE
     resources:
         gpu=1,
     params:

@@ -16,7 +16,7 @@ rule nightly_run:
         f"{NIGHTLY_DIR}/logs/{{case}}_rep{{rep}}.log",
     benchmark:
         f"{NIGHTLY_DIR}/benchmarks/{{case}}_rep{{rep}}.tsv"
-    threads: NY["threads"] or 1
+    threads: EXCLUSIVE
     resources:
         gpu=1,
     params:
@@ -54,7 +54,7 @@ rule nightly_microbench:
         NIGHTLY_MICRO,
     log:
         f"{NIGHTLY_DIR}/logs/microbench.log",
-    threads: 1
+    threads: EXCLUSIVE
     resources:
         gpu=1,
     params:

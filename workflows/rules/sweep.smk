@@ -8,7 +8,7 @@ rule bench_run:
         f"{RES}/logs/runs/{{system}}/{{model}}_s{{seq}}_b{{batch}}.log",
     benchmark:
         f"{RES}/benchmarks/runs/{{system}}/{{model}}_s{{seq}}_b{{batch}}.tsv"
-    threads: threads_for(SW["threads"])
+    threads: EXCLUSIVE
     resources:
         gpu=1,
     params:
@@ -21,7 +21,7 @@ rule bench_run:
             "record", f"{RES}/runs/{wc.system}/{wc.model}_s{wc.seq}_b{wc.batch}.json",
             f"{RES}/logs/runs/{wc.system}/{wc.model}_s{wc.seq}_b{wc.batch}.guard.log",
             bench_cmd(wc.system, wc.model, wc.seq, wc.batch, STEPS, WARMUP,
-                      SW.get("system_options", {}).get(wc.system, {}), threads=SW["threads"] and threads)
+                      SW.get("system_options", {}).get(wc.system, {}), threads=SW["threads"])
             + ["--out", f"{RES}/runs/{wc.system}/{wc.model}_s{wc.seq}_b{wc.batch}.json"],
             system=wc.system, model=wc.model, seq=wc.seq, batch=wc.batch, dtype=SW["dtype"],
             steps=STEPS, warmup=WARMUP),
