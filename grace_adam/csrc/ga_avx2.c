@@ -136,8 +136,6 @@ AI void tail8(const ga_adam_args *A, const consts8 *C, int64_t i, int64_t r, int
     if (ldt != GA_NONE) memcpy((uint16_t *)A->lowp_out + i, lb, h);
 }
 
-static int aligned(const void *p, uintptr_t a) { return p == NULL || ((uintptr_t)p % a) == 0; }
-
 AI void adam_impl(const ga_adam_args *A, int64_t begin, int64_t end, int gdt, int ldt) {
     consts8 C;
     int64_t i = begin;
@@ -152,14 +150,8 @@ AI void adam_impl(const ga_adam_args *A, int64_t begin, int64_t end, int gdt, in
     C.bc2s = _mm256_set1_ps(A->bias_correction2_sqrt);
     C.eps = _mm256_set1_ps(A->eps);
     C.hi = _mm256_castsi256_ps(_mm256_set1_epi32(A->lerp_hi ? -1 : 0));
-#ifndef GA_NO_NT
     /* Streaming stores need aligned destinations; a block keeps the alignment it starts with. */
-    nt = aligned(A->param_out ? A->param_out + i : NULL, 32) &&
-         aligned(A->lowp_out ? (const uint16_t *)A->lowp_out + i : NULL, 16) &&
-         (A->commit || (aligned(A->exp_avg_out ? A->exp_avg_out + i : NULL, 32) &&
-                        aligned(A->exp_avg_sq_out ? A->exp_avg_sq_out + i : NULL, 32) &&
-                        aligned(A->max_exp_avg_sq_out ? A->max_exp_avg_sq_out + i : NULL, 32)));
-#endif
+    nt = ga_fresh_outputs_aligned(A, i, 32, 16);
     if (nt)
         for (; i + 8 * GA_BLOCK8 <= end; i += 8 * GA_BLOCK8) step_block(A, &C, i, gdt, ldt, 1, GA_BLOCK8);
     for (; i + 8 * GA_BLOCK8 <= end; i += 8 * GA_BLOCK8) step_block(A, &C, i, gdt, ldt, 0, GA_BLOCK8);

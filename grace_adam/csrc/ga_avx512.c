@@ -156,8 +156,6 @@ AI void step_block(const ga_adam_args *A, const consts16 *C, int64_t i, int gdt,
         STORE_BLOCK_U16(A->lowp_out, _mm512_cvtps_ph(x[u].p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), nt);
 }
 
-static int aligned(const void *p, uintptr_t a) { return p == NULL || ((uintptr_t)p % a) == 0; }
-
 AI void adam_impl(const ga_adam_args *A, int64_t begin, int64_t end, int gdt, int ldt) {
     consts16 C;
     int64_t i = begin;
@@ -172,14 +170,8 @@ AI void adam_impl(const ga_adam_args *A, int64_t begin, int64_t end, int gdt, in
     C.bc2s = _mm512_set1_ps(A->bias_correction2_sqrt);
     C.eps = _mm512_set1_ps(A->eps);
     C.hi = A->lerp_hi ? (__mmask16)0xFFFF : (__mmask16)0;
-#ifndef GA_NO_NT
     /* Streaming stores need aligned destinations; a block keeps the alignment it starts with. */
-    nt = aligned(A->param_out ? A->param_out + i : NULL, 64) &&
-         aligned(A->lowp_out ? (const uint16_t *)A->lowp_out + i : NULL, 32) &&
-         (A->commit || (aligned(A->exp_avg_out ? A->exp_avg_out + i : NULL, 64) &&
-                        aligned(A->exp_avg_sq_out ? A->exp_avg_sq_out + i : NULL, 64) &&
-                        aligned(A->max_exp_avg_sq_out ? A->max_exp_avg_sq_out + i : NULL, 64)));
-#endif
+    nt = ga_fresh_outputs_aligned(A, i, 64, 32);
     if (nt)
         for (; i + 16 * GA_BLOCK <= end; i += 16 * GA_BLOCK) step_block(A, &C, i, gdt, ldt, 1);
     for (; i + 16 * GA_BLOCK <= end; i += 16 * GA_BLOCK) step_block(A, &C, i, gdt, ldt, 0);

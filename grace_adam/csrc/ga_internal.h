@@ -118,6 +118,24 @@ static inline float ga_load_grad(const void *g, int32_t dt, int64_t i) {
     return ((const float *)g)[i];
 }
 
+static inline int ga_aligned(const void *p, uintptr_t a) { return p == NULL || ((uintptr_t)p % a) == 0; }
+
+/* Whether, at element i, every buffer the pass writes but does not read (param_out, lowp_out, and the
+ * out-of-place state) is aligned for streaming stores: `f32` bytes for float buffers, `u16` for the
+ * low-precision copy. In-place state (commit) is stored normally and does not count. */
+static inline int ga_fresh_outputs_aligned(const ga_adam_args *A, int64_t i, uintptr_t f32, uintptr_t u16) {
+#ifdef GA_NO_NT
+    (void)A, (void)i, (void)f32, (void)u16;
+    return 0;
+#else
+    return ga_aligned(A->param_out ? A->param_out + i : NULL, f32) &&
+           ga_aligned(A->lowp_out ? (const uint16_t *)A->lowp_out + i : NULL, u16) &&
+           (A->commit || (ga_aligned(A->exp_avg_out ? A->exp_avg_out + i : NULL, f32) &&
+                          ga_aligned(A->exp_avg_sq_out ? A->exp_avg_sq_out + i : NULL, f32) &&
+                          ga_aligned(A->max_exp_avg_sq_out ? A->max_exp_avg_sq_out + i : NULL, f32)));
+#endif
+}
+
 /* Fixed reduction tree of the 16 fp64 lanes of one statistics block. */
 static inline double ga_reduce16(const double *l) {
     double r8[8], r4[4], r2[2];
