@@ -92,6 +92,7 @@ def load_results(results: str | Path) -> dict[str, Any]:
         "cast": load_optional(res / "microbench" / "cast.json"),
         "calibration": load_optional(res / "calibration" / "hardware.json"),
         "paper_comparison": load_optional(res / "predictions" / "paper_comparison.json"),
+        "validation": load_optional(res / "predictions" / "validation.json"),
         "explain": explain,
         "provenance": prov if isinstance(prov, dict) else {},
     }

@@ -106,6 +106,14 @@ def _ablation_table(results: dict) -> list[dict]:
     return rows
 
 
+def _validation(v: dict) -> dict:
+    """Rows of `superoffload validate` (predicted vs measured step time on this machine's profile)."""
+    data = v.get("data") or {}
+    rows = [r for r in data.get("rows") or [] if isinstance(r, dict)]
+    return {"status": v["status"], "error": D.first_line(v.get("error"), 300), "hardware": data.get("hardware"),
+            "target": data.get("target"), "rows": rows, "within": sum(bool(r.get("within_target")) for r in rows)}
+
+
 def measured_for(pred: dict, rows: list[dict]) -> float | None:
     """Our measured value for a paper_comparison row, where the records have one: Fig 10 model TFLOPS of
     that system and model (seq 1024, batch 8, the figure's setting), Fig 13 the largest ok model (B)."""
@@ -201,6 +209,7 @@ def build_context(results: dict, figure_files: dict[str, Path]) -> dict[str, Any
             **_micro_status(results["calibration"]),
             "fields": _scalars(results["calibration"].get("data")),
         },
+        "validation": _validation(results["validation"]),
         "paper_comparison": {
             "status": pc["status"],
             "error": D.first_line(pc.get("error"), 300),

@@ -122,6 +122,15 @@ def synthetic(tmp_path: Path) -> Path:
             "preset": None,
         },
     )
+    _write(
+        res / "predictions/validation.json",
+        {"hardware": "cpu-calibrated", "target": 0.2, "rows": [
+            {"system": "torch", "model": "gpt-tiny", "seq": 128, "batch": 2, "dtype": "fp32", "measured_s": 0.0200,
+             "predicted_s": 0.0190, "rel_error": -0.05, "within_target": True},
+            {"system": "zero_offload", "model": "gpt-tiny", "seq": 128, "batch": 2, "dtype": "fp32",
+             "measured_s": 0.0300, "predicted_s": 0.0150, "rel_error": -0.5, "within_target": False},
+        ]},
+    )
     return res
 
 
@@ -139,13 +148,15 @@ def test_report_renders_with_missing_oom_error(synthetic, tmp_path):
     assert "grace_adam" in html and "host_phase" in html  # the GraceAdam rows made it into the table
     assert {p["impl"] for p in F.adam_points(D.load_results(synthetic))} == {"torch_fused", "grace_adam"}
     assert "<script" not in html and "http://" not in html.replace("http://www.w3.org", "")
+    # cost model vs measurement: the count, both rows, the miss in bold
+    assert "<b>1 of 2</b>" in html and "<b>-50.0%</b>" in html and "-5.0%" in html
 
 
 def test_report_renders_from_an_empty_folder(tmp_path):
     figs = F.render_all(D.load_results(tmp_path / "nothing"), tmp_path / "figs")
     assert len(figs) == len(F.FIGURES)
     html = R.render_html(tmp_path / "nothing", tmp_path / "figs", tmp_path / "r.html").read_text()
-    assert "No run records" in html
+    assert "No run records" in html and "Validation not available (missing)" in html
 
 
 def test_strict_undefined():

@@ -4,7 +4,8 @@
 PRED = SW["predictions"]
 EXPLAIN_FILES = [f"{RES}/predictions/explain/{p['model']}_s{p['seq']}_b{p['batch']}.json"
                  for p in PRED["points"]]
-PREDICTION_FILES = [f"{RES}/predictions/paper_comparison.json", *EXPLAIN_FILES]
+VALIDATION_FILE = f"{RES}/predictions/validation.json"
+PREDICTION_FILES = [f"{RES}/predictions/paper_comparison.json", *EXPLAIN_FILES, VALIDATION_FILE]
 
 
 rule explain:
@@ -32,3 +33,22 @@ rule paper_comparison:
         hardware=PRED["hardware"],
     shell:
         "{PY:q} {SCRIPTS}/predictions.py --hardware {params.hardware} --out {output:q} > {log:q} 2>&1"
+
+
+rule validate_cost_model:
+    """The cost model with this machine's calibrated profile against this sweep's run records (issue 8's
+    validation: reported, never tuned)."""
+    input:
+        RUN_RECORDS,
+        CALIBRATION_FILE,
+    output:
+        VALIDATION_FILE,
+    log:
+        f"{RES}/logs/predictions/validation.log",
+    params:
+        cmd=lambda wc: guard(
+            "json", VALIDATION_FILE, f"{RES}/logs/predictions/validation.guard.log",
+            [*CLI, "validate", f"{RES}/runs", "--hardware", CALIBRATION_FILE, "--out", VALIDATION_FILE],
+            what="validate"),
+    shell:
+        "{params.cmd} > {log:q} 2>&1"
