@@ -255,11 +255,30 @@ def _adam_rates(quick: bool) -> tuple[dict[str, float], list[str]]:
     if grace:
         notes.append(f"host Adam 'graceadam' measured with grace_adam.adam_step on {n} params")
     rates.update(grace)
+    if not quick:  # importing DeepSpeed's op may JIT-build it (~1 min the first time on a machine)
+        ds = _cpuadam_rate(n)
+        if ds:
+            notes.append(f"host Adam 'cpuadam' measured with DeepSpeedCPUAdam on {n} params")
+        rates.update(ds)
     for kind, ratio in _ADAM_RATIO_TO_TORCH.items():
         if kind not in rates:
             rates[kind] = rates["torch"] * ratio
             notes.append(f"host Adam '{kind}' not measured here: torch rate x {ratio:.2f} (GraceAdam table)")
     return rates, notes
+
+
+def _cpuadam_rate(n: int) -> dict[str, float]:
+    """DeepSpeedCPUAdam's rate when DeepSpeed and its CPU op are available (else the table ratio)."""
+    try:
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+        q = torch.nn.Parameter(torch.randn(n))
+        q.grad = torch.randn(n)
+        opt = DeepSpeedCPUAdam([q], lr=1e-3, adamw_mode=True)
+        t = _best(opt.step, 3)
+    except Exception:  # noqa: BLE001 - not installed, or its op cannot build here: fall back to the ratio
+        return {}
+    return {"cpuadam": n * ADAM_BYTES_PER_PARAM / t / GB}
 
 
 def _grace_adam_rate(n: int) -> dict[str, float]:
