@@ -14,5 +14,9 @@ for sys in torch superoffload; do
   timeout 120 .venv/bin/superoffload bench run --system $sys --model gpt-1b --seq 1024 --batch 4 --dtype bf16 \
     --steps 8 --warmup 3 --checkpointing --no-progress --out "$OUT/run_$sys.json" >>"$OUT/summary.txt" 2>&1
 done
-timeout 60 .venv/bin/superoffload calibrate --quick --out "$OUT/profile.json" >>"$OUT/summary.txt" 2>&1
+timeout 90 .venv/bin/superoffload calibrate --quick --workloads gpt-1b:1024:4 --dtype bf16 --out "$OUT/profile.json" \
+  >>"$OUT/summary.txt" 2>&1
+# the cost model against the two runs above (issue 8's H200 validation; quick profile: no system machinery)
+timeout 60 .venv/bin/superoffload validate "$OUT" --hardware "$OUT/profile.json" --out "$OUT/validation.json" \
+  >>"$OUT/summary.txt" 2>&1
 cat "$OUT/summary.txt"

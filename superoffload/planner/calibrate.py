@@ -15,6 +15,7 @@ import functools
 import os
 import platform
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -438,22 +439,61 @@ def _cuda_profile(quick: bool, systems: bool = True) -> HardwareProfile:
         **_overhead_fields("cuda", quick, systems, sync, notes))
 
 
+def set_threads(threads: int) -> None:
+    """Measure at ``threads`` compute threads: torch's intra-op pool and GraceAdam's pool (the rates of a
+    2-core machine at 2 threads are not those of its runs at 1)."""
+    if threads < 1:
+        raise ValueError(f"--threads must be >= 1, not {threads}")
+    torch.set_num_threads(threads)
+    try:
+        import grace_adam  # type: ignore[import-not-found]
+
+        grace_adam.set_num_threads(threads)
+    except ImportError:
+        pass
+
+
 def calibrate(out_path: str | os.PathLike[str] | None = None, quick: bool = False,
-              systems: bool = True) -> HardwareProfile:
+              systems: bool = True, workloads: list[tuple[str, int, int]] | None = None,
+              dtype: str = "fp32", threads: int | None = None) -> HardwareProfile:
     """Measure this machine; write the profile JSON atomically to ``out_path`` if given. ``systems``:
-    also time each training system's step machinery on a degenerate model (not with ``quick``)."""
-    prof = _cuda_profile(quick, systems) if torch.cuda.is_available() else _cpu_profile(quick, systems)
+    also time each training system's step machinery on a degenerate model (not with ``quick``).
+    ``workloads``: (model, seq, micro-batch) whose compute is also profiled (calibrate_compute.py), in
+    ``dtype`` (autocast on a GPU; the harness's CPU runs are fp32). ``threads``: compute threads to
+    measure at (default: torch's current count); pass the sweep's ``--threads``."""
+    from superoffload.planner import calibrate_compute
+
+    if threads is not None:
+        set_threads(threads)
+
+    cuda = torch.cuda.is_available()
+    mem = torch.cuda.get_device_properties(0).total_memory if cuda else _host_memory_bytes()
+    if workloads:  # bad names and models too large to profile fail here, before minutes of measuring
+        calibrate_compute.check_workloads(workloads, dtype, mem)
+    prof = _cuda_profile(quick, systems) if cuda else _cpu_profile(quick, systems)
     if prof.system_step_s:
         from superoffload.planner.calibrate_systems import net_of_model
 
         prof.system_step_s = net_of_model(prof)  # the per-parameter slope net of the modelled copies/Adam
+    if workloads:
+        device = "cuda" if cuda else "cpu"
+        prof.compute_profiles = calibrate_compute.profile_workloads(workloads, device, dtype, mem)
+        prof.notes.append(f"compute profiled for {len(workloads)} workload(s) in {dtype} on {device}")
     if out_path is not None:
         prof.save(out_path)
     return prof
 
 
 def _run(args: argparse.Namespace) -> int:
-    prof = calibrate(args.out, quick=args.quick, systems=not args.no_systems)
+    from superoffload.planner.calibrate_compute import parse_workloads
+
+    try:
+        workloads = parse_workloads(args.workloads) if args.workloads else None
+        prof = calibrate(args.out, quick=args.quick, systems=not args.no_systems, workloads=workloads,
+                         dtype=args.dtype, threads=args.threads)
+    except ValueError as e:
+        print(f"superoffload calibrate: error: {e}", file=sys.stderr)
+        return 2
     d2h = prof.d2h_pinned
     print(f"{prof.name}: matmul {prof.device_matmul_flops / 1e12:.2f} TFLOP/s, D2H pinned peak "
           f"{d2h.peak():.1f} GB/s, host Adam {max(prof.host_adam_gbps.values()):.1f} GB/s"
@@ -468,4 +508,12 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--quick", action="store_true", help="fewer sizes and smaller problems (seconds)")
     p.add_argument("--no-systems", action="store_true",
                    help="skip timing each training system's step machinery (subprocesses, ~1 min)")
+    p.add_argument("--workloads", default=None, metavar="MODEL:SEQ:BATCH[,...]",
+                   help="also profile the compute (forward/backward per block and of the rest) of the "
+                        "harness's model at these points; the cost model then uses it for them")
+    p.add_argument("--threads", type=int, default=None,
+                   help="compute threads to measure at (torch and GraceAdam pools; default: torch's count); "
+                        "use the --threads of the runs the profile will be compared with")
+    p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"],
+                   help="compute dtype of --workloads (default fp32, what the CPU sweep runs)")
     p.set_defaults(func=_run)

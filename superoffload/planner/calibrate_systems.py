@@ -10,8 +10,10 @@ backward, measured; for torch-AdamW systems the optimizer's per-tensor loop), an
     overhead = fixed + per_layer * blocks + per_tensor * parameter tensors + per_bucket * buckets
                + per_param * parameters
 
-from configurations that change one count at a time (per_param from the same model 256 wide, then
-net of what the cost model charges per parameter itself: copies, casts, Adam). Each system runs in
+from configurations that change one count at a time. per_param is the slope between the same two-block
+model WIDE_A and WIDE_B wide (0.5M and 2.1M parameters: the state is out of cache in both, as in the
+validated models, and the slope is not a small difference extrapolated 1000x), net of what the cost
+model charges per parameter itself (copies, casts, Adam). Each system runs in
 a subprocess of its own so a DeepSpeed or process-group failure costs that system only (it is then
 left out, and the profile's notes say why). The harness is imported lazily: the planner does not depend on it otherwise.
 """
@@ -19,6 +21,7 @@ left out, and the profile's notes say why). The harness is imported lazily: the 
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -28,12 +31,16 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-WIDTH, WIDE, VOCAB, SEQ = 8, 256, 16, 4
-# (blocks, Linear layers per block, SuperOffload bucket size in params); BASE also at width WIDE
-BASE, MORE_BLOCKS, MORE_TENSORS, MORE_BUCKETS = (2, 1, 1 << 20), (6, 1, 1 << 20), (2, 4, 1 << 20), (2, 4, 32)
+WIDTH, WIDE_A, WIDE_B, VOCAB, SEQ = 8, 512, 2048, 16, 4
+# (blocks, Linear layers per block, SuperOffload bucket size in params); WIDE is BASE's structure with one
+# bucket at widths WIDE_A and WIDE_B
+# Each variant adds enough (8 blocks, 28 tensors) that its difference to BASE stands well above the
+# step-to-step noise of a DeepSpeed step on a small shared host (about 1-2 ms).
+BASE, MORE_BLOCKS, MORE_TENSORS, MORE_BUCKETS = (2, 1, 1 << 20), (10, 1, 1 << 20), (2, 8, 1 << 20), (2, 8, 32)
+WIDE = (2, 1, 1 << 24)
 # stages the cost model charges per parameter (everything but the compute of forward and backward)
 PER_PARAM_STAGES = ("d2h", "h2d", "host_adam", "host_cast", "host_commit", "host_copy_wait", "device_cast",
-                    "device_adam", "weight_fetch")
+                    "device_copy", "device_adam", "weight_fetch")
 SYSTEMS = ("superoffload", "zero_offload", "zero_infinity", "ds_superoffload", "fsdp_offload")
 TORCH_ADAM_SYSTEMS = ("fsdp_offload",)  # the cost model charges torch.optim's per-tensor loop itself
 
@@ -69,18 +76,20 @@ def _batch() -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randint(0, VOCAB, (1, SEQ), generator=g), torch.randint(0, VOCAB, (1, SEQ), generator=g)
 
 
-def _best_step(fn: Any, steps: int) -> float:
-    for _ in range(2):
+def _median_step(fn: Any, steps: int) -> float:
+    """The median step, the statistic run records report (a minimum would catch a DeepSpeed step on a
+    lucky schedule of its worker threads and process, which the validated runs do not see)."""
+    for _ in range(3):
         fn()  # warm-up: hooks installed lazily, allocator, first optimizer step
-    best = float("inf")
+    times = []
     for _ in range(steps):
         t0 = time.perf_counter()
         fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
 
-def forward_backward_s(blocks: int, per_block: int, steps: int = 20, width: int = WIDTH) -> float:
+def forward_backward_s(blocks: int, per_block: int, steps: int = 30, width: int = WIDTH) -> float:
     """The plain autograd work of the degenerate model: what the cost model's compute terms cover."""
     torch.manual_seed(0)
     m = DegenerateLM(blocks, per_block, width)
@@ -90,10 +99,10 @@ def forward_backward_s(blocks: int, per_block: int, steps: int = 20, width: int 
         m(x, y).backward()
         m.zero_grad(set_to_none=True)
 
-    return _best_step(fb, steps)
+    return _median_step(fb, steps)
 
 
-def system_step_s(system: str, blocks: int, per_block: int, bucket: int, steps: int = 25,
+def system_step_s(system: str, blocks: int, per_block: int, bucket: int, steps: int = 30,
                   optimizer_tensor_s: float = 0.0, width: int = WIDTH) -> tuple[float, int]:
     """(step seconds minus the separately modelled work, SuperOffload host+device buckets or 0)."""
     from superoffload.harness.system import Batch, RunConfig
@@ -122,7 +131,7 @@ def system_step_s(system: str, blocks: int, per_block: int, bucket: int, steps: 
             torch.cuda.synchronize()
 
     try:
-        t = _best_step(step, steps)
+        t = _median_step(step, steps)
         stats = sysobj.stats() if system == "superoffload" else {}
     finally:
         sysobj.teardown()
@@ -144,10 +153,11 @@ def fit(system: str, optimizer_tensor_s: float = 0.0) -> dict[str, float]:
         return param_count(*cfg[:2])
 
     base, _ = step(BASE)
-    # size-dependent work (copies into flat buffers, partitioning, the optimizer): the same structure
-    # WIDE wide; calibrate later takes off what the cost model charges per parameter itself (net_of_model)
-    wide, _ = step(BASE, WIDE)
-    per_param = max(0.0, (wide - base) / (param_count(*BASE[:2], WIDE) - params(BASE)))
+    # size-dependent work (copies into flat buffers, partitioning, the optimizer): the slope between two
+    # wide versions of the same structure; calibrate later takes off what the cost model charges per
+    # parameter itself (net_of_model)
+    narrow, wide = step(WIDE, WIDE_A)[0], step(WIDE, WIDE_B)[0]
+    per_param = max(0.0, (wide - narrow) / (param_count(*WIDE[:2], WIDE_B) - param_count(*WIDE[:2], WIDE_A)))
     tensors, few = step(MORE_TENSORS)
     per_tensor = max(0.0, (tensors - base - per_param * (params(MORE_TENSORS) - params(BASE)))
                      / (param_tensors(*MORE_TENSORS[:2]) - param_tensors(*BASE[:2])))
@@ -176,9 +186,11 @@ def modelled_per_param_s(system: str, hw: Any) -> float:
     from superoffload.shapes import ModelShape
 
     bare = dataclasses.replace(hw, system_step_s=None)
-    opts = Options(speculation=torch.cuda.is_available(), bucket_size_params=1 << 20, clipping=True)
+    # the degenerate runs train in fp32 (RunConfig's default), so the model is asked about fp32 too
+    opts = Options(speculation=torch.cuda.is_available(), bucket_size_params=WIDE[2], clipping=True,
+                   precision="fp32")
     work = []
-    for width in (WIDTH, WIDE):
+    for width in (WIDE_A, WIDE_B):
         shape = ModelShape(name="degenerate", layers=BASE[0], hidden=width, heads=1, vocab=VOCAB,
                            ffn_hidden=width, max_seq=SEQ)
         pred = predict(system, Workload(shape, SEQ, 1, False), bare, opts)
@@ -213,7 +225,8 @@ def measure(systems: tuple[str, ...] = SYSTEMS, optimizer_tensor_s: float = 0.0,
 
 
 def _measure_one(system: str, optimizer_tensor_s: float, timeout_s: float) -> tuple[dict[str, float] | None, str]:
-    cmd = [sys.executable, "-m", "superoffload.planner.calibrate_systems", system, repr(optimizer_tensor_s)]
+    cmd = [sys.executable, "-m", "superoffload.planner.calibrate_systems", system, repr(optimizer_tensor_s),
+           str(torch.get_num_threads())]  # the subprocess measures at the caller's thread count
     try:
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
     except subprocess.TimeoutExpired:
@@ -234,6 +247,10 @@ def _main(argv: list[str]) -> int:
     warnings.filterwarnings("ignore")
     system = argv[0]
     opt_tensor = float(argv[1]) if len(argv) > 1 else 0.0
+    if len(argv) > 2:
+        from superoffload.planner.calibrate import set_threads
+
+        set_threads(int(argv[2]))
     print(json.dumps(fit(system, opt_tensor)))
     return 0
 

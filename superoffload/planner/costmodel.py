@@ -41,6 +41,7 @@ class Workload:
     seq: int
     batch: int  # micro-batch (sequences)
     activation_checkpointing: bool = True
+    dtype: str | None = None  # compute dtype; a profiled-compute entry must match it when given
 
 
 @dataclass
@@ -96,6 +97,12 @@ class _Costs:
             # Python work that happens once per forward call (module calls; not doubled in backward)
             self.fwd_layer += ov.block_forward_overhead_s(w.shape, hw)
             self.fwd_head += ov.top_forward_overhead_s(w.shape, hw)
+        self.bwd_head = 2 * self.fwd_head
+        self.profiled = profiled_compute(w, hw)
+        if self.profiled is not None:
+            p = self.profiled
+            self.fwd_layer, self.bwd_layer = p["block_fwd_s"], p["block_bwd_s"]
+            self.fwd_head, self.bwd_head = p["top_fwd_s"], p["top_bwd_s"]
         self.hw = hw
 
     def link(self, direction: str, params: float, bytes_per_param: int, real: int,
@@ -108,6 +115,10 @@ class _Costs:
 
     def device_cast(self, params: float) -> float:
         return self.hw.cast_seconds(params, on_host=False)
+
+    def device_copy(self, params: float) -> float:
+        """An fp32 copy on the device: 4 B read + 4 B written per param at the device's copy rate."""
+        return params * 2 * FP32 / (self.hw.device_hbm_gbps * 1e9)
 
 
 # Per transformer block forward: ~12 dispatched ops (2 norms, 4 GEMMs, attention, activation, 2 residual
@@ -123,6 +134,19 @@ def _block_gemms(shape, tokens: int) -> list[tuple[int, int, int]]:
     h, f, kv = shape.hidden, shape.ffn_hidden, shape.n_kv_heads * shape.head_dim
     mlp = [(tokens, h, f), (tokens, h, f), (tokens, f, h)] if shape.gated_mlp else [(tokens, h, f), (tokens, f, h)]
     return [(tokens, h, h + 2 * kv), (tokens, h, h)] + mlp
+
+
+def profiled_compute(w: Workload, hw: HardwareProfile) -> dict[str, Any] | None:
+    """The profile's measured compute for this workload (calibrate --workloads), or None when it has
+    none whose shape signature and dtype match."""
+    from superoffload.planner.calibrate_compute import shape_signature, workload_key
+
+    entry = (hw.compute_profiles or {}).get(workload_key(w.shape.name, w.seq, w.batch))
+    if entry is None or entry.get("shape") != shape_signature(w.shape):
+        return None
+    if w.dtype is not None and entry.get("dtype") != w.dtype:
+        return None
+    return entry
 
 
 def attention_seconds(hw: HardwareProfile, flops: float) -> float:
@@ -177,6 +201,10 @@ class _Builder:
         self.layers = w.shape.layers
         self.stream = set(range(self.layers)) if spec.all_layers_stream else set(spec.flow_layers)
         self.marks: list[_IterMarks] = []
+        # SuperOffload on a device that is the host: the bucket's landing buffer is its gradient buffer
+        # and the parameters are views of the upload buffer (engine/bucket.py), so nothing crosses a "link"
+        # (except an fp32 upload that the device then casts)
+        self.link_aliased = hw.device_is_host and spec.name == "superoffload"
 
     # weight fetch for a streamed layer, honouring the prefetch buffer slots
     def _fetch(self, it: int, layer: int, deps: list[int], slot_users: list[int], tag: str) -> list[int]:
@@ -229,7 +257,7 @@ class _Builder:
                     marks.first_forward = prev
                 if micro == 0:
                     marks.last_forward = prev
-                prev = g.add(f"it{it}.bwd_head", COMPUTE, 2 * self.c.fwd_head, [prev], "backward", it)
+                prev = g.add(f"it{it}.bwd_head", COMPUTE, self.c.bwd_head, [prev], "backward", it)
                 grad_ready[bk.FINAL] = prev
                 emitted = self._emit_ready(it, grad_ready, 0, last_micro, iter_ops)
                 for i in reversed(range(L)):
@@ -280,7 +308,11 @@ class _Builder:
         if s.grad_device_cast:
             last = g.add(f"it{it}.gcast{j}", COMPUTE, c.device_cast(n), [last], "device_cast", it)
             self._norm_ops.append(last)
-        last = g.add(f"it{it}.d2h{j}", D2H, c.link("d2h", n, s.grad_d2h_bytes, real), [last], "d2h", it)
+        elif s.grad_device_copy:
+            last = g.add(f"it{it}.gcopy{j}", COMPUTE, c.device_copy(n), [last], "device_copy", it)
+            self._norm_ops.append(last)
+        if not self.link_aliased:
+            last = g.add(f"it{it}.d2h{j}", D2H, c.link("d2h", n, s.grad_d2h_bytes, real), [last], "d2h", it)
         if s.grad_host_cast:
             last = g.add(f"it{it}.hcast{j}", HOST, c.host_cast(n), [last], "host_cast", it)
         return {"j": j, "ready": last, "device": False}
@@ -322,7 +354,7 @@ class _Builder:
             for unit, _ in grp.pieces:
                 if self._is_streamed(unit):
                     unit_ready.setdefault(unit, []).append(last)  # next fetch reads the host copy
-            if s.return_bytes and resident:
+            if s.return_bytes and resident and not (self.link_aliased and not s.return_device_cast):
                 deps = [last, validate] + ([all_adams] if s.return_after_all else [])
                 t = c.link("h2d", resident, s.return_bytes, grp.real_buckets, pageable=s.return_pageable)
                 if s.return_pageable:
@@ -339,6 +371,10 @@ class _Builder:
                         unit_ready.setdefault(unit, []).append(last)
                 step_ops.append(last)
             else:
+                if self.link_aliased:  # the step writes the weights in place: their next use waits for it
+                    for unit, _ in grp.pieces:
+                        if not self._is_streamed(unit):
+                            unit_ready.setdefault(unit, []).append(last)
                 step_ops.append(last)
         step_ops += self._step_overheads(it, validate, step_ops)
         return unit_ready, step_ops
@@ -470,5 +506,6 @@ def _summarise(system: str, w: Workload, hw: HardwareProfile, opts: Options, spe
                  "adam_kind": spec.adam_kind, "speculation": not spec.host_waits_backward,
                  "flow_layers": sorted(spec.flow_layers),
                  "cast": "device" if spec.grad_device_cast else ("host" if spec.grad_host_cast else "none"),
-                 "activation_checkpointing": w.activation_checkpointing},
+                 "activation_checkpointing": w.activation_checkpointing,
+                 "compute": "profiled" if b.c.profiled is not None else "op-model"},
         notes=list(spec.notes))

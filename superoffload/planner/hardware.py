@@ -131,6 +131,11 @@ class HardwareProfile:
     # work) outside the modelled ops, measured on a degenerate model (calibrate_systems.py) as
     # {"fixed_s", "per_layer_s", "per_tensor_s", "per_bucket_s", "per_param_s" (+ "per_param_raw_s")}
     system_step_s: dict[str, dict[str, float]] | None = None
+    # profiled compute of named workloads (calibrate --workloads; calibrate_compute.py): per
+    # "MODEL:sSEQ:bBATCH", the forward/backward seconds of one block and of the rest of the harness's
+    # model, with the shape signature and dtype they were measured at. Used instead of the op-level terms
+    # for a workload whose shape and dtype match; None in the presets.
+    compute_profiles: dict[str, dict[str, Any]] | None = None
 
     # --- derived rates ---------------------------------------------------------------------------
     def host_adam_seconds(self, params: float, kind: str, extra_bytes_per_param: float = 0.0) -> float:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 SYSTEMS = ("superoffload", "zero_offload", "zero_infinity", "fsdp_offload", "ds_superoffload", "torch")
 CAST_POLICIES = ("device", "host")
+PRECISIONS = ("bf16", "fp16", "fp32")
 ADAM_KINDS = ("graceadam", "cpuadam", "torch")
 # The engine's rollback modes (superoffload/engine/config.py `rollback_mode`) plus "none" (no speculation).
 EXACT_MODES = ("deferred", "full_copy", "none")
@@ -44,6 +45,11 @@ class Options:
     exact_mode: str = "deferred"
     prefetch_depth: int = 2
     grad_accum: int = 1
+    # where the engine casts updated parameters; None: as cast_policy (the planner's one switch, which the
+    # harness applies to both sides). The engine's own default without a plan is grad device, param host.
+    param_cast: str | None = None
+    # training precision: with fp32 weights nothing is cast and every copy moves 4 B/param
+    precision: str = "bf16"
     # peers
     clipping: bool = True  # gradient clipping on: DeepSpeed super_offload then does not speculate
     ds_ratio: float = ARTIFACT_PRISM_RATIO
@@ -53,6 +59,10 @@ class Options:
     def validate(self) -> None:
         if self.cast_policy not in CAST_POLICIES:
             raise ValueError(f"cast_policy must be one of {CAST_POLICIES}")
+        if self.param_cast is not None and self.param_cast not in CAST_POLICIES:
+            raise ValueError(f"param_cast must be None or one of {CAST_POLICIES}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}")
         if self.host_adam not in ADAM_KINDS:
             raise ValueError(f"host_adam must be one of {ADAM_KINDS}")
         if self.exact_mode not in EXACT_MODES:
@@ -73,7 +83,9 @@ class SystemSpec:
     grad_device_cast: bool  # cast bf16 -> fp32 on the device before D2H
     grad_host_cast: bool  # D2H bf16, cast to fp32 on the host pool
     host_waits_backward: bool  # host step only after validation (no speculation)
+    grad_device_copy: bool = False  # fp32: the same device pass over the grads is a plain copy (8 B/param)
     spec_extra_bytes: float = 0.0  # extra host bytes/param in the step pass (exactness, fused casts)
+    fused_cast_bytes: float = 0.0  # the part of spec_extra_bytes that writes the low-precision upload copy
     commit_bytes: float = 0.0  # a separate commit pass after validation, bytes/param
     return_bytes: int = 2  # H2D bytes/param of the updated parameters (0: no return)
     return_host_cast: bool = False  # separate host cast pass before the upload
@@ -95,14 +107,32 @@ class SystemSpec:
 def system_spec(system: str, opts: Options, total_params: int) -> SystemSpec:
     spec = _system_spec(system, opts, total_params)
     spec.clipping = opts.clipping
+    if opts.precision == "fp32":
+        _without_casts(spec)
     return spec
+
+
+def _without_casts(spec: SystemSpec) -> None:
+    """fp32 training: weights, grads and state share one dtype, so every cast stage goes. The device
+    pass that cast gradients into the offload buffer (DeepSpeed's contiguous gradient buckets, the
+    engine's bucket buffer) remains as a copy; every copy on the link moves fp32."""
+    spec.grad_device_copy = spec.grad_device_cast
+    spec.grad_device_cast = spec.grad_host_cast = False
+    spec.grad_d2h_bytes = 4 if spec.grad_d2h_bytes else 0
+    spec.return_bytes = 4 if spec.return_bytes else 0
+    spec.return_host_cast = spec.return_device_cast = False
+    spec.spec_extra_bytes -= spec.fused_cast_bytes
+    spec.fused_cast_bytes = 0.0
+    spec.fetch_bytes = 4
+    spec.fetch_device_cast = False
 
 
 def _system_spec(system: str, opts: Options, total_params: int) -> SystemSpec:
     opts.validate()
     if system == "superoffload":
         device_cast = opts.cast_policy == "device"
-        fused_return_cast = not device_cast and opts.host_adam == "graceadam"
+        param_device_cast = (opts.param_cast or opts.cast_policy) == "device"
+        fused_return_cast = not param_device_cast and opts.host_adam == "graceadam"
         spec_extra = (EXACT_SPEC_EXTRA[opts.exact_mode] if opts.speculation else 0.0)
         return SystemSpec(
             name=system, bucket_params=opts.bucket_size_params, tail_buckets=opts.device_tail_buckets,
@@ -110,11 +140,12 @@ def _system_spec(system: str, opts: Options, total_params: int) -> SystemSpec:
             grad_d2h_bytes=4 if device_cast else 2, grad_device_cast=device_cast,
             grad_host_cast=not device_cast,
             host_waits_backward=not opts.speculation,
-            # GraceAdam writes the bf16 upload copy in the same pass (+2 B) under the host policy
+            # GraceAdam writes the bf16 upload copy in the same pass (+2 B) when parameters cast on the host
             spec_extra_bytes=spec_extra + (2.0 if fused_return_cast else 0.0),
+            fused_cast_bytes=2.0 if fused_return_cast else 0.0,
             commit_bytes=EXACT_COMMIT_BYTES[opts.exact_mode] if opts.speculation else 0.0,
-            return_bytes=4 if device_cast else 2, return_device_cast=device_cast,
-            return_host_cast=not device_cast and not fused_return_cast,
+            return_bytes=4 if param_device_cast else 2, return_device_cast=param_device_cast,
+            return_host_cast=not param_device_cast and not fused_return_cast,
             flow_layers=frozenset(opts.flow_layers), prefetch_depth=opts.prefetch_depth,
             grad_accum=opts.grad_accum)
     if system == "ds_superoffload":

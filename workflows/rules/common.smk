@@ -120,6 +120,8 @@ def sweep_runs():
 
 RUNS = sweep_runs()
 RUN_RECORDS = [f"{RES}/runs/{r['system']}/{r['model']}_s{r['seq']}_b{r['batch']}.json" for r in RUNS]
+# the sweep's distinct (model, seq, batch), for calibrate --workloads
+WORKLOADS = ",".join(dict.fromkeys(f"{r['model']}:{r['seq']}:{r['batch']}" for r in RUNS))
 
 
 def option_args(options):

@@ -57,7 +57,10 @@ rule calibrate_run:
     params:
         cmd=lambda wc: guard(
             "json", CALIBRATION_FILE, f"{RES}/logs/calibrate.guard.log",
-            [*CLI, "calibrate", "--out", CALIBRATION_FILE] + (["--quick"] if SW["calibrate"]["quick"] else []),
+            [*CLI, "calibrate", "--out", CALIBRATION_FILE] + (["--quick"] if SW["calibrate"]["quick"] else [])
+            + (["--workloads", WORKLOADS, "--dtype", SW["dtype"]] if SW["calibrate"]["profile_workloads"]
+               and WORKLOADS else [])
+            + (["--threads", str(SW["threads"])] if SW.get("threads") else []),
             what="calibrate"),
     shell:
         "{params.cmd} > {log:q} 2>&1"
