@@ -390,7 +390,7 @@ class _Builder:
         if opt_t > 0:
             res = COMPUTE if s.device_only else HOST
             ops.append(g.add(f"it{it}.opt_overhead", res, opt_t, [validate], "optimizer_overhead", it))
-        buckets = ov.engine_buckets(sh, s.bucket_params, self.w.seq) if s.name == "superoffload" else 0
+        buckets = ov.engine_buckets(sh, s.bucket_params) if s.name == "superoffload" else 0
         sys_t = ov.system_step_overhead_s(s.name, sh, hw, buckets)
         if sys_t > 0:
             after = [validate] + (step_ops + ops if s.forward_waits_all else [])

@@ -89,26 +89,8 @@ def system_step_overhead_s(system: str, shape: ModelShape, hw: HardwareProfile, 
             + c.get("per_param_s", 0.0) * shape.total_params())
 
 
-def _gpt_tensor_sizes(shape: ModelShape, seq: int) -> list[int]:
-    """GPT parameter tensors in registration order (superoffload/harness/models/gpt.py); the harness
-    builds the position table with ``seq`` rows (harness/models build_model)."""
-    h, f, kv = shape.hidden, shape.ffn_hidden, shape.n_kv_heads * shape.head_dim
-    block = [h, h, h * (h + 2 * kv), h + 2 * kv, h * h, h, h, h, h * f, f, f * h, h]
-    top = [shape.vocab * h] + ([seq * h] if shape.learned_positions else [])
-    head = [] if shape.tied_embeddings else [shape.vocab * h]
-    return top + block * shape.layers + [h, h] + head
+def engine_buckets(shape: ModelShape, bucket_params: int) -> int:
+    """Buckets as the SuperOffload engine packs them (buckets.pack_buckets, = engine/layout.py)."""
+    from superoffload.planner.buckets import pack_buckets
 
-
-def engine_buckets(shape: ModelShape, bucket_params: int, seq: int) -> int:
-    """Buckets as the SuperOffload engine packs them (engine/layout.py plan_buckets: whole tensors in
-    reverse registration order, a new bucket when the next tensor would overflow ``bucket_params``).
-    The cost model's own buckets split parameters evenly; the per-bucket Python work follows the
-    engine's count. Non-GPT families: the even split's count (their tensor list is not modelled)."""
-    if shape.family != "gpt":
-        return max(1, -(-shape.total_params() // bucket_params))
-    count, size = 1, 0
-    for n in reversed(_gpt_tensor_sizes(shape, seq)):
-        if size and size + n > bucket_params:
-            count, size = count + 1, 0
-        size += n
-    return count
+    return len(pack_buckets(shape, bucket_params))

@@ -280,9 +280,14 @@ def _choose_tail(w: Workload, hw: HardwareProfile, opts: Options, budget: float,
         reasons.append("Device tail: 0 buckets: the device is the host itself, so a tail bucket only turns "
                        "an overlapped host step into a serial one on the same cores.")
         return 0, predict("superoffload", w, hw, replace(opts, device_tail_buckets=0))
-    n_buckets = math.ceil(w.shape.total_params() / opts.bucket_size_params)
+    # the engine's buckets (whole tensors, uneven), last first: as many as their state fits in HBM
     free = budget - _device_need(w, hw, opts)
-    max_tail = max(0, min(n_buckets, int(free // (TAIL_STATE_BYTES * opts.bucket_size_params))))
+    max_tail = 0
+    for b in reversed(bk.pack_buckets(w.shape, opts.bucket_size_params)):
+        free -= TAIL_STATE_BYTES * sum(n for _, n in b)
+        if free < 0:
+            break
+        max_tail += 1
     while max_tail and _device_need(w, hw, replace(opts, device_tail_buckets=max_tail)) > budget:
         max_tail -= 1
     cache: dict[int, Prediction] = {}
