@@ -110,8 +110,12 @@ def _validation(v: dict) -> dict:
     """Rows of `superoffload validate` (predicted vs measured step time on this machine's profile)."""
     data = v.get("data") or {}
     rows = [r for r in data.get("rows") or [] if isinstance(r, dict)]
+    target = data.get("target") or 0.0
+    op_rows = [r for r in rows if r.get("op_model_rel_error") is not None]  # records of older validates lack it
     return {"status": v["status"], "error": D.first_line(v.get("error"), 300), "hardware": data.get("hardware"),
-            "target": data.get("target"), "rows": rows, "within": sum(bool(r.get("within_target")) for r in rows)}
+            "target": data.get("target"), "rows": rows, "within": sum(bool(r.get("within_target")) for r in rows),
+            "op_rows": len(op_rows),
+            "op_within": sum(abs(r["op_model_rel_error"]) <= target for r in op_rows)}
 
 
 def measured_for(pred: dict, rows: list[dict]) -> float | None:

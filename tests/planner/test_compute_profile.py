@@ -104,12 +104,14 @@ def test_calibrate_threads_are_checked_and_applied() -> None:
 
     with pytest.raises(ValueError, match="--threads must be >= 1"):
         cal.set_threads(0)
-    before = torch.get_num_threads()
+    grace_adam = pytest.importorskip("grace_adam")
+    before = torch.get_num_threads(), grace_adam.get_num_threads()
     try:
-        cal.set_threads(1)
-        assert torch.get_num_threads() == 1
+        cal.set_threads(1)  # both pools: the rates calibrate measures are those of the runs' thread count
+        assert (torch.get_num_threads(), grace_adam.get_num_threads()) == (1, 1)
     finally:
-        torch.set_num_threads(before)
+        torch.set_num_threads(before[0])
+        grace_adam.set_num_threads(before[1])
 
 
 def test_calibrate_cli_rejects_bad_workloads_before_measuring(capsys) -> None:

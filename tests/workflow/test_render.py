@@ -126,7 +126,8 @@ def synthetic(tmp_path: Path) -> Path:
         res / "predictions/validation.json",
         {"hardware": "cpu-calibrated", "target": 0.2, "rows": [
             {"system": "torch", "model": "gpt-tiny", "seq": 128, "batch": 2, "dtype": "fp32", "measured_s": 0.0200,
-             "predicted_s": 0.0190, "rel_error": -0.05, "within_target": True},
+             "predicted_s": 0.0190, "rel_error": -0.05, "within_target": True, "compute": "profiled",
+             "op_model_s": 0.0170, "op_model_rel_error": -0.15},
             {"system": "zero_offload", "model": "gpt-tiny", "seq": 128, "batch": 2, "dtype": "fp32",
              "measured_s": 0.0300, "predicted_s": 0.0150, "rel_error": -0.5, "within_target": False},
         ]},
@@ -150,6 +151,8 @@ def test_report_renders_with_missing_oom_error(synthetic, tmp_path):
     assert "<script" not in html and "http://" not in html.replace("http://www.w3.org", "")
     # cost model vs measurement: the count, both rows, the miss in bold
     assert "<b>1 of 2</b>" in html and "<b>-50.0%</b>" in html and "-5.0%" in html
+    # the op-level column: counted over the rows that have it (the second is from an older validate)
+    assert "op-level" in html and "<b>1 of 1</b>" in html and "-15.0%" in html and "profiled" in html
 
 
 def test_report_renders_from_an_empty_folder(tmp_path):
