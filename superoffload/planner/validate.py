@@ -23,16 +23,16 @@ from typing import Any
 from superoffload.planner.costmodel import Workload, predict
 from superoffload.planner.hardware import HardwareProfile
 from superoffload.planner.presets import get_profile
-from superoffload.planner.systems import Options
+from superoffload.planner.systems import PRECISIONS, Options
 
 MODELLED = ("torch", "superoffload", "zero_offload", "zero_infinity", "fsdp_offload", "ds_superoffload")
 TARGET = 0.20
-PRECISION = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16"}  # run dtype -> Options.precision
 
 
 def _options(rec: dict[str, Any]) -> Options:
     cfg = (rec.get("system_stats") or {}).get("config") or {}
-    precision = PRECISION.get(rec["run"].get("dtype"), "bf16")
+    dtype = rec["run"].get("dtype")
+    precision = dtype if dtype in PRECISIONS else "bf16"  # the run's dtype is the training precision
     if rec["system"] != "superoffload" or not cfg:
         return Options(clipping=rec["run"].get("grad_clip", 0) > 0, grad_accum=rec["run"].get("grad_accum", 1),
                        precision=precision)
