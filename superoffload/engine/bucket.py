@@ -1,33 +1,43 @@
-"""A bucket at run time: its buffers, its per-step state, and the host tasks that act on it.
+"""A bucket at run time: its buffers, its speculation record, and the host tasks that act on it.
 
-Buffers are allocated once and reused every step:
-- device side: `dev_grad`, the flat gradient (fp32 when casting on the device, else the model dtype)
-  and a pinned fp64 scalar receiving the bucket's gradient norm;
-- host side (host buckets): fp32 `master`, `exp_avg`, `exp_avg_sq` (pinned with CUDA), the `landing`
-  gradient buffer (aliases `dev_grad` when the device is the host) and the `upload` buffer the kernel
-  writes the new low-precision (or fp32) weights into;
-- device side (tail buckets): fp32 `master`, `exp_avg`, `exp_avg_sq` in HBM;
-- rollback_mode full_copy (host buckets): `spare`, a second fp32 master/m/v set. The speculative step
-  writes the new state there (out of place, one pass); committing swaps the sets, rolling back keeps
-  the current one, so neither costs a pass over memory.
+Buffers (allocated once; host ones carved from the engine's arenas, `buffers.py`), for this rank's
+shard [lo, hi) of the bucket's padded flat layout:
+- `home`: where the model's weights live. A resident bucket's parameters are views of one flat device
+  buffer (so a return is one copy, and with several ranks one all-gather); a flowed bucket's home is
+  its host store (weight flow fetches from it).
+- host buckets: fp32 `master`, `exp_avg`, `exp_avg_sq` (pageable); `landing`, the gradient shard the
+  host kernel reads (pinned; with a device that shares host memory it is the flatten/reduce target
+  itself); `upload`, the kernel's low-precision (or fp32) output (pinned); `norm_host`, the shard's
+  squared norm; rollback_mode full_copy: `spare`, a second master/m/v set the speculative step writes.
+- tail buckets: fp32 master, moments and gradient shard on the device.
 
-Host tasks (run on the worker, in order) are `speculate` and `finalize`; see engine.py for when.
+The speculative step never writes what the model reads: it writes `upload` (deferred mode) or `spare`
+and `upload` (full_copy). The weights change only when `finalize` publishes them after validation, so a
+forward or a read between backward() and step() sees the pre-step weights, and a step that is
+discarded leaves nothing to restore.
+
+Host tasks run on the worker in submission order: `speculate` (during backward) and `finalize` (after
+validation), which executes the decision the engine made (`Finalize`) without re-deriving it.
 """
 
 from __future__ import annotations
 
+import enum
 import math
 import threading
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-from superoffload.engine.layout import BucketSpec, ParamSlot, runs
-
-if TYPE_CHECKING:
-    from superoffload.engine.engine import SuperOffloadEngine
+from superoffload.device import Device
+from superoffload.engine import host_adam
+from superoffload.engine.comm import Comm
+from superoffload.engine.config import OptimizerConfig
+from superoffload.engine.layout import BucketLayout, ParamSlot, runs
+from superoffload.engine.worker import HostWorker
 
 
 @dataclass(frozen=True)
@@ -39,95 +49,120 @@ class HyperParams:
     weight_decay: float
 
 
+class Finalize(enum.Enum):
+    """What a bucket's finalize task does after validation (decided once, by the engine)."""
+
+    COMMIT = "commit"  # the speculative step stands: publish its weights; deferred: commit pass; full_copy: swap
+    REDO = "redo"  # step now from the untouched state (validate-first, or the speculation's inputs changed)
+    NOTHING = "nothing"  # the step is skipped: speculative outputs are discarded, nothing was published
+
+
+@dataclass
+class Speculation:
+    """What the training thread queued for this bucket this step (owned by the training thread)."""
+
+    queued: bool = False
+    scale: float = 1.0
+    hps: dict[int, HyperParams] = field(default_factory=dict)
+
+
+class Counters:
+    """Thread-safe accumulators (the worker and the training thread both add)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.values: dict[str, float] = {}
+
+    def add(self, **kw: float) -> None:
+        with self._lock:
+            for k, v in kw.items():
+                self.values[k] = self.values.get(k, 0.0) + v
+
+    def snapshot(self) -> dict[str, float]:
+        with self._lock:
+            return dict(self.values)
+
+
+@dataclass
+class BucketContext:
+    """The narrow view of the engine a bucket needs."""
+
+    device: Device
+    comm: Comm
+    worker: HostWorker
+    counters: Counters
+    dtype: torch.dtype  # the model's precision on the device
+    optimizer: OptimizerConfig
+    host_optimizer: str
+    host_threads: int | None
+    full_copy: bool
+    upload_stream: Any
+    upload_staging: Callable[[int], torch.Tensor]  # fp32 device buffer for param_cast "device"
+    flow_sink: Any = None  # weight flow: waits for fetches that read a flowed bucket's host store
+
+
+@dataclass
+class HostBuffers:
+    master: torch.Tensor
+    exp_avg: torch.Tensor
+    exp_avg_sq: torch.Tensor
+    max_exp_avg_sq: torch.Tensor | None
+    spare: list[torch.Tensor] | None
+    landing: torch.Tensor
+    upload: torch.Tensor
+    norm_host: torch.Tensor
+
+
 class Bucket:
-    def __init__(self, spec: BucketSpec, eng: SuperOffloadEngine) -> None:
-        self.spec = spec
-        self.eng = eng
-        dev, n = eng.device, spec.numel
-        cfg = eng.config
-        lowp = eng.dtype != torch.float32
-        self.on_device = spec.on_device
-        grad_dtype = eng.dtype if (lowp and cfg.grad_cast == "host" and not self.on_device) else torch.float32
-        self.dev_grad = torch.zeros(n, dtype=grad_dtype, device=dev.torch_device)
-        self.norm_host = dev.empty_host(1, torch.float64)
-        self.d2h_event = dev.new_event()
-        self.upload_event = dev.new_event()
+    def __init__(self, layout: BucketLayout, ctx: BucketContext, home: torch.Tensor,
+                 host: HostBuffers | None, tail: dict[str, torch.Tensor] | None) -> None:
+        self.layout = layout
+        self.ctx = ctx
+        dev = ctx.device
+        self.lo, self.hi = layout.shard(ctx.comm.rank, ctx.comm.world)
+        self.home = home  # flat padded: the device weights, or a flowed bucket's host store (shard)
+        self.host = host
+        self.tail = tail
+        self.on_device = layout.on_device
+        self.flowed = layout.flow_block is not None
+        self.flat_ready = dev.new_event()  # side stream: flattened (reduced) and normed
+        self.d2h_event = dev.new_event()  # landing (and norm_host) hold this step's gradient shard
+        self.upload_event = dev.new_event()  # the weights were written to home (and gathered)
+        self.gather: Any = None  # pending all-gather of home (several ranks)
         # set when no queued task will still write this bucket's weights: the next forward waits on it.
-        # A counter, not a bare event: a speculative task finishing late must not mark a redo that was
-        # queued after it as done.
-        self.uploaded = threading.Event()
+        # A count, not a bare event, so that several weight-changing tasks may be queued at once.
+        self.uploaded = dev.host_event(f"bucket {layout.index} uploaded")
         self.uploaded.set()
         self._uploads_pending = 0
-        self.idle = threading.Event()
+        self.idle = dev.host_event(f"bucket {layout.index} idle")  # no queued task reads landing/upload
         self.idle.set()
         self._pending = 0
         self._lock = threading.Lock()
-        state_dev = dev.torch_device if self.on_device else torch.device("cpu")
-
-        def state() -> torch.Tensor:
-            if self.on_device:
-                return torch.zeros(n, dtype=torch.float32, device=state_dev)
-            t = dev.empty_host(n, torch.float32)
-            t.zero_()
-            return t
-
-        self.master, self.exp_avg, self.exp_avg_sq = state(), state(), state()
-        self.max_exp_avg_sq = state() if cfg.optimizer.amsgrad else None
-        if self.on_device:
-            self.landing = self.upload = None
-            self.aliased = set()
-        else:
-            self.landing = self.dev_grad if dev.shares_host_memory else dev.empty_host(n, grad_dtype)
-            up_dtype = eng.dtype if (lowp and cfg.param_cast == "host") else torch.float32
-            self.upload = dev.empty_host(n, up_dtype)
-            self._alias_params(dev.shares_host_memory and up_dtype == eng.dtype)
-        self.spare: list[torch.Tensor] | None = None
-        if cfg.rollback_mode == "full_copy" and not self.on_device:
-            self.spare = [state() for _ in range(4 if cfg.optimizer.amsgrad else 3)]
-        # per-step state
-        self.present: list[bool] = [False] * len(spec.slots)
+        self.spec = Speculation()
+        self.present: list[bool] = [False] * len(layout.slots)
         self._present_idx: set[int] = set()
         self.launched = False
-        self.spec_queued = False
-        self.spec_scale = 1.0
-        self.spec_hps: dict[int, HyperParams] = {}
-        self.spec_state = "none"  # set by the worker: "none" | "speculated" | "nonfinite"
+        self.ready = 0
 
-    def _alias_params(self, possible: bool) -> None:
-        """When the device is the host and the upload copy has the weights' dtype, make each parameter a
-        view of its slice of `upload`: the kernel's output then *is* the new weight and the "H2D" copy
-        disappears. Weight-flow parameters keep their own storage (it is released between uses)."""
-        self.aliased: set[int] = set()
-        if not possible:
-            return
-        flow = self.eng.flow
-        for s in self.slots:
-            if flow is not None and flow.owns(s.param):
-                continue
-            view = self.upload[s.offset: s.offset + s.numel]
-            view.copy_(s.param.data.reshape(-1))
-            s.param.data = view.view(s.param.shape)
-            self.aliased.add(s.index)
+    # --- identity and sizes ------------------------------------------------------------------------
+    @property
+    def index(self) -> int:
+        return self.layout.index
 
-    # --- sizes --------------------------------------------------------------------------------------
     @property
     def slots(self) -> list[ParamSlot]:
-        return self.spec.slots
+        return self.layout.slots
 
-    def host_bytes(self) -> int:
-        tensors = [self.master, self.exp_avg, self.exp_avg_sq, self.max_exp_avg_sq, self.upload, *(self.spare or [])]
-        if self.landing is not None and self.landing is not self.dev_grad:
-            tensors.append(self.landing)
-        return sum(t.numel() * t.element_size() for t in tensors if t is not None and not t.is_cuda)
+    @property
+    def shard_numel(self) -> int:
+        return self.hi - self.lo
 
-    def device_bytes(self) -> int:
-        tensors = [self.dev_grad] + ([self.master, self.exp_avg, self.exp_avg_sq, self.max_exp_avg_sq]
-                                     if self.on_device else [])
-        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+    def home_shard(self) -> torch.Tensor:
+        return self.home if self.flowed else self.home[self.lo: self.hi]
 
-    # --- task bookkeeping ---------------------------------------------------------------------------
+    # --- task bookkeeping (training thread) --------------------------------------------------------
     def expect_upload(self) -> None:
-        """Training thread: a task about to be queued will rewrite this bucket's device weights."""
+        """A task about to be queued will rewrite this bucket's weights; the next forward waits for it."""
         with self._lock:
             self._uploads_pending += 1
             self.uploaded.clear()
@@ -138,7 +173,7 @@ class Bucket:
             if self._uploads_pending == 0:
                 self.uploaded.set()
 
-    def submit(self, fn, label: str) -> None:
+    def submit(self, fn: Callable[[], None], label: str) -> None:
         with self._lock:
             self._pending += 1
             self.idle.clear()
@@ -152,58 +187,7 @@ class Bucket:
                     if self._pending == 0:
                         self.idle.set()
 
-        self.eng.worker.submit(run, f"bucket {self.spec.index}: {label}")
-
-    # --- the kernel over this bucket's present parameters -------------------------------------------
-    def _state(self) -> list[torch.Tensor]:
-        return [t for t in (self.master, self.exp_avg, self.exp_avg_sq, self.max_exp_avg_sq) if t is not None]
-
-    def _swap_state(self) -> None:
-        """full_copy commit: the spare set, which the speculative step wrote, becomes the state."""
-        assert self.spare is not None
-        new, self.spare = self.spare, self._state()
-        self.master, self.exp_avg, self.exp_avg_sq = new[:3]
-        self.max_exp_avg_sq = new[3] if len(new) > 3 else None
-
-    def _run_kernel(self, scale: float, hps: dict[int, HyperParams], steps: dict[int, int], *, commit: bool,
-                    write_upload: bool, out_of_place: bool = False) -> None:
-        """out_of_place (full_copy speculation): the new state goes to `spare`, the state is not written."""
-        from superoffload.engine import host_adam
-
-        eng = self.eng
-        if out_of_place:
-            assert self.spare is not None and not commit
-            # parameters without a gradient are not stepped; the spare set must still hold their state
-            for s in self.slots:
-                if s.index not in self._present_idx:
-                    for dst, src in zip(self.spare, self._state(), strict=True):
-                        dst[s.offset: s.offset + s.numel].copy_(src[s.offset: s.offset + s.numel])
-        lowp_up = self.upload is not None and self.upload.dtype != torch.float32
-
-        def key(s: ParamSlot) -> tuple[int, int] | None:
-            # one kernel call per run of parameters sharing a param group and a step count; parameters
-            # without a gradient this step are not stepped at all (as torch.optim does)
-            return (s.group, steps[s.index]) if s.index in self._present_idx else None
-
-        for start, end, members in runs(self.slots, key=key):
-            hp = hps[members[0].group]
-            sl = slice(start, end)
-            host_adam.adam_step(
-                eng.config.host_optimizer, self.master[sl], self.landing[sl], self.exp_avg[sl], self.exp_avg_sq[sl],
-                step=steps[members[0].index] + 1, lr=hp.lr, beta1=hp.beta1, beta2=hp.beta2, eps=hp.eps,
-                weight_decay=hp.weight_decay, adamw=eng.config.optimizer.adamw,
-                bias_correction=eng.config.optimizer.bias_correction, grad_scale=scale,
-                max_exp_avg_sq=None if self.max_exp_avg_sq is None else self.max_exp_avg_sq[sl],
-                commit=commit,
-                param_out=self.upload[sl] if write_upload and not lowp_up else None,
-                lowp_out=self.upload[sl] if write_upload and lowp_up else None,
-                state_out=[t[sl] for t in self.spare] if out_of_place else None,
-                threads=eng.config.host_threads)
-
-    def steps_snapshot(self) -> dict[int, int]:
-        """Step counts of this bucket's parameters, taken in the training thread when a task is queued
-        (the worker runs later, after the training thread may have advanced the counts)."""
-        return {s.index: self.eng.steps[s.index] for s in self.slots}
+        self.ctx.worker.submit(run, f"bucket {self.index}: {label}")
 
     def mark_present(self) -> None:
         self.present = [s.param.grad is not None for s in self.slots]
@@ -212,86 +196,176 @@ class Bucket:
     def present_slots(self) -> list[ParamSlot]:
         return [s for s, p in zip(self.slots, self.present, strict=True) if p]
 
-    # --- host tasks (run on the worker thread) ------------------------------------------------------
+    def steps_snapshot(self, steps: list[int]) -> dict[int, int]:
+        """Step counts of this bucket's parameters when a task is queued (the worker runs later)."""
+        return {s.index: steps[s.index] for s in self.slots}
+
+    # --- the host kernel over this rank's shard of the present parameters --------------------------
+    def _state(self) -> list[torch.Tensor]:
+        h = self.host
+        assert h is not None
+        return [t for t in (h.master, h.exp_avg, h.exp_avg_sq, h.max_exp_avg_sq) if t is not None]
+
+    def _swap_state(self) -> None:
+        """full_copy commit: the spare set, which the speculative step wrote, becomes the state."""
+        h = self.host
+        assert h is not None and h.spare is not None
+        new, h.spare = h.spare, self._state()
+        h.master, h.exp_avg, h.exp_avg_sq = new[:3]
+        h.max_exp_avg_sq = new[3] if len(new) > 3 else None
+
+    def _run_kernel(self, scale: float, hps: dict[int, HyperParams], steps: dict[int, int], *, commit: bool,
+                    out: torch.Tensor | None, out_of_place: bool = False) -> None:
+        """One host Adam pass over the shard. `out`: where the new weights go (shard-sized, fp32 or the
+        low-precision dtype), or None. `out_of_place` (full_copy speculation): the new state goes to
+        `spare` and the state is not written."""
+        ctx, h = self.ctx, self.host
+        assert h is not None
+        lo, hi = self.lo, self.hi
+        state = self._state()
+        if out_of_place:
+            assert h.spare is not None and not commit
+            # parameters without a gradient are not stepped; the spare set must still hold their state
+            for s in self.slots:
+                a, b = max(s.offset, lo) - lo, min(s.offset + s.numel, hi) - lo
+                if s.index not in self._present_idx and a < b:
+                    for dst, src in zip(h.spare, state, strict=True):
+                        dst[a:b].copy_(src[a:b])
+        if out is not None:
+            # a shard's return is one copy of the whole shard: parameters not stepped now must hold
+            # their current weights there too (which the master always casts to exactly)
+            for s in self.slots:
+                a, b = max(s.offset, lo) - lo, min(s.offset + s.numel, hi) - lo
+                if s.index not in self._present_idx and a < b:
+                    out[a:b].copy_(h.master[a:b])
+        lowp = out is not None and out.dtype != torch.float32
+        o = ctx.optimizer
+
+        def key(s: ParamSlot) -> tuple[int, int] | None:
+            # one kernel call per run of parameters sharing a param group and a step count; parameters
+            # without a gradient this step are not stepped at all (as torch.optim does)
+            return (s.group, steps[s.index]) if s.index in self._present_idx else None
+
+        writes = [*(h.spare if out_of_place else state if commit else []), *([out] if out is not None else [])]
+        with ctx.device.access(reads=[h.landing, *state], writes=writes):
+            for start, end, members in runs(self.slots, key, lo, hi):
+                hp = hps[members[0].group]
+                sl = slice(start - lo, end - lo)
+                host_adam.adam_step(
+                    ctx.host_optimizer, h.master[sl], h.landing[sl], h.exp_avg[sl], h.exp_avg_sq[sl],
+                    step=steps[members[0].index] + 1, lr=hp.lr, beta1=hp.beta1, beta2=hp.beta2, eps=hp.eps,
+                    weight_decay=hp.weight_decay, adamw=o.adamw, bias_correction=o.bias_correction,
+                    grad_scale=scale, max_exp_avg_sq=None if h.max_exp_avg_sq is None else h.max_exp_avg_sq[sl],
+                    commit=commit, param_out=out[sl] if out is not None and not lowp else None,
+                    lowp_out=out[sl] if lowp else None,
+                    state_out=[t[sl] for t in h.spare] if out_of_place else None, threads=ctx.host_threads)
+
+    # --- host tasks (run on the worker thread) -----------------------------------------------------
+    def _direct_target(self) -> torch.Tensor | None:
+        """The home shard when the kernel can write it in place: host-addressable and the kernel's
+        output dtype (so no transfer or cast is needed)."""
+        h = self.host
+        assert h is not None
+        home = self.home_shard()
+        host_addressable = self.flowed or self.ctx.device.shares_host_memory
+        return home if host_addressable and home.dtype == h.upload.dtype else None
+
     def _wait_upload_buffer_free(self) -> None:
         # a previous non-blocking H2D may still be reading `upload`; don't overwrite it under the DMA
-        self.upload_event.synchronize()
-
-    def _upload(self, slots: list[ParamSlot]) -> None:
-        eng = self.eng
-        flow = eng.flow
-        t0 = time.perf_counter()
-        h2d = 0
-        with eng.device.stream(eng.upload_stream):
-            # the compute stream may still have queued kernels that read these weights (a Linear's
-            # grad-input uses W after W's grad is accumulated); the bucket's D2H event was recorded after
-            # the side stream caught up with them, so writing after it cannot race those reads
-            eng.upload_stream.wait_event(self.d2h_event)
-            for s in slots:
-                src = self.upload[s.offset: s.offset + s.numel].view(s.param.shape)
-                if s.index in self.aliased:
-                    continue  # the parameter is a view of `upload`: already written
-                if flow is not None and flow.owns(s.param):
-                    # a flowed weight's device storage may be released now: its home is the host store,
-                    # which the block's next fetch reads (after waiting for this bucket's `uploaded`)
-                    flow.write_host(s.param, src)
-                    continue
-                s.param.data.copy_(src, non_blocking=True)
-                h2d += s.numel
-            self.upload_event.record(eng.upload_stream)
-        eng.counters.add(bytes_h2d=h2d * self.upload.element_size(), upload_s=time.perf_counter() - t0)
+        self.ctx.device.sync_event(self.upload_event, "host: upload buffer free")
 
     def speculate(self, scale: float, hps: dict[int, HyperParams], steps: dict[int, int]) -> None:
-        """Step this bucket before the global norm is known (clip factor assumed 1)."""
-        eng = self.eng
-        self.d2h_event.synchronize()
-        if not math.isfinite(float(self.norm_host[0])):
-            self.spec_state = "nonfinite"  # never step a bucket whose own gradient is not finite
-            self._upload_settled()
-            return
+        """Step this bucket's shard before the global norm is known (clip factor assumed 1). Writes only
+        `upload` (and `spare` with full_copy): nothing the model reads."""
+        ctx, h = self.ctx, self.host
+        assert h is not None
+        ctx.device.sync_event(self.d2h_event, "speculate: gradient landed")
+        if not math.isfinite(float(h.norm_host[0])):
+            return  # never step a shard whose own gradient is not finite (validation will skip or redo)
         t0 = time.perf_counter()
         self._wait_upload_buffer_free()
-        # deferred: only the upload copy is written; full_copy: the new state goes to the spare set
-        self._run_kernel(scale, hps, steps, commit=False, write_upload=True, out_of_place=self.spare is not None)
-        eng.counters.add(host_step_s=time.perf_counter() - t0)
-        self._upload(self.present_slots())
-        self.spec_state = "speculated"
-        self._upload_settled()
+        self._run_kernel(scale, hps, steps, commit=False, out=h.upload, out_of_place=h.spare is not None)
+        ctx.counters.add(host_step_s=time.perf_counter() - t0)
 
-    def finalize(self, action: str, scale: float, hps: dict[int, HyperParams], steps: dict[int, int],
-                 counted: bool) -> None:
-        """After validation: "commit" with the final scale, or "skip" the step. Exact either way.
-        `counted`: the training thread called expect_upload() for this task."""
+    def finalize(self, kind: Finalize, scale: float, hps: dict[int, HyperParams], steps: dict[int, int],
+                 speculated: bool) -> None:
+        """Execute the engine's decision. Always settles the upload count the engine raised for it."""
         try:
-            self._finalize(action, scale, hps, steps)
+            self._finalize(kind, scale, hps, steps, speculated)
         finally:
-            if counted:
+            if kind is not Finalize.NOTHING:
                 self._upload_settled()
 
-    def _finalize(self, action: str, scale: float, hps: dict[int, HyperParams], steps: dict[int, int]) -> None:
-        eng = self.eng
-        self.d2h_event.synchronize()
-        speculated = self.spec_state == "speculated"
-        self.spec_state = "none"
-        # in both rollback modes the speculative step left master/m/v untouched: nothing to restore
-        if action == "skip":
-            if speculated:  # put the device weights back to what the master still holds
-                t0 = time.perf_counter()
-                self._wait_upload_buffer_free()
-                self.upload.copy_(self.master)  # torch's cast rounds to nearest even, as the kernel does
-                self._upload(self.present_slots())
-                eng.counters.add(rollback_s=time.perf_counter() - t0)
-            return
-        if speculated and scale == self.spec_scale and hps == self.spec_hps:
-            t0 = time.perf_counter()
-            if self.spare is None:  # deferred commit: same inputs, same arithmetic, now in place
-                self._run_kernel(scale, hps, steps, commit=True, write_upload=False)
-            else:
-                self._swap_state()
-            eng.counters.add(commit_s=time.perf_counter() - t0)
+    def _finalize(self, kind: Finalize, scale: float, hps: dict[int, HyperParams], steps: dict[int, int],
+                  speculated: bool) -> None:
+        ctx, h = self.ctx, self.host
+        assert h is not None
+        ctx.device.sync_event(self.d2h_event, "finalize: gradient landed")
+        if kind is Finalize.NOTHING:
             return
         t0 = time.perf_counter()
-        self._wait_upload_buffer_free()
-        self._run_kernel(scale, hps, steps, commit=True, write_upload=True)
-        self._upload(self.present_slots())
-        eng.counters.add(**{("rollback_s" if speculated else "host_step_s"): time.perf_counter() - t0})
+        if kind is Finalize.COMMIT:
+            if h.spare is not None:  # full_copy: the new state is in the spare set, its weights in upload
+                self._swap_state()
+                self._publish(h.upload)
+            else:
+                direct = self._direct_target()
+                if direct is not None:
+                    # same inputs, same arithmetic as the speculative pass: the commit pass writes state
+                    # and weights in place in one pass
+                    self._before_home_write()
+                    self._run_kernel(scale, hps, steps, commit=True, out=direct)
+                    self._publish(None)
+                else:
+                    self._publish(h.upload)  # weights first: the next forward waits for them, not for the commit
+                    self._run_kernel(scale, hps, steps, commit=True, out=None)
+            ctx.counters.add(commit_s=time.perf_counter() - t0)
+            return
+        # REDO: the state is untouched in both rollback modes; step it now
+        direct = self._direct_target()
+        if direct is not None:
+            self._before_home_write()
+            self._run_kernel(scale, hps, steps, commit=True, out=direct)
+            self._publish(None)
+        else:
+            self._wait_upload_buffer_free()
+            self._run_kernel(scale, hps, steps, commit=True, out=h.upload)
+            self._publish(h.upload)
+        label = "rollback_s" if speculated else "host_step_s"
+        ctx.counters.add(**{label: time.perf_counter() - t0})
+
+    def _before_home_write(self) -> None:
+        """A flowed bucket's host store may still be read by a fetch in flight."""
+        if self.flowed and self.ctx.flow_sink is not None:
+            self.ctx.flow_sink.before_store_write(self)
+
+    def _publish(self, src: torch.Tensor | None) -> None:
+        """Make this rank's new weights the model's: copy `src` (the upload shard; None when the kernel
+        wrote home directly) into home, then all-gather home across ranks. On the upload stream."""
+        ctx = self.ctx
+        dev = ctx.device
+        stream = ctx.upload_stream
+        t0 = time.perf_counter()
+        nbytes = 0
+        if src is not None:
+            self._before_home_write()
+        with dev.stream(stream):
+            if src is not None:
+                dst = self.home_shard()
+                if self.flowed:
+                    dst.copy_(src)  # host store <- upload: a host copy
+                elif src.dtype != dst.dtype and not dev.shares_host_memory:
+                    # param_cast "device": fp32 crosses the link into a device staging buffer, then the
+                    # cast runs on the device (one kernel), not on the host
+                    stage = ctx.upload_staging(src.numel())
+                    stage.copy_(src, non_blocking=True)
+                    dst.copy_(stage)
+                    nbytes = src.numel() * src.element_size()
+                else:
+                    dst.copy_(src, non_blocking=True)
+                    nbytes = 0 if dev.shares_host_memory else src.numel() * src.element_size()
+            if not self.flowed:
+                with dev.access(reads=[self.home_shard()], writes=[self.home] if ctx.comm.active else []):
+                    self.gather = ctx.comm.all_gather(self.home, self.home_shard(), worker=True)
+            dev.record(self.upload_event, stream, "publish: weights written")
+        ctx.counters.add(bytes_h2d=nbytes, upload_s=time.perf_counter() - t0)

@@ -1,20 +1,25 @@
-"""SuperOffloadEngine: the life of a bucket (DESIGN.md), one code path for CUDA and CPU-only.
+"""SuperOffloadEngine: the life of a bucket, one code path for CUDA, the simulated device and CPU-only.
 
-Per optimizer step:
-1. gradient ready: a post-accumulate-grad hook per parameter; a bucket whose parameters are all ready
-   is launched at once (params with no gradient are flushed at the end of backward);
-2. device side, on a side stream: flatten (cast per policy), the bucket's gradient norm in fp64 (its
-   finiteness is the bucket's finite flag), D2H into the landing buffer, an event;
-3. speculative host step: the worker waits for the event and runs GraceAdam before the global norm
-   is known; deferred-commit mode writes only the upload copy, full-copy mode writes the new state
-   into a second buffer set (commit = swap);
-4. device tail buckets keep grads and Adam state on the device and step there after validation;
-5. validation in `step()`: the global norm from the per-bucket norms, reduced in bucket order (so it
-   is deterministic), then commit, redo with the clip factor, or skip; all exact;
-6. parameter return: each bucket's H2D on an upload stream as soon as its step is final; the next
-   forward waits per module on its buckets' events, never on a global barrier;
-7. weight flow (`flow_layers`, weight_flow.py): flowed blocks keep their weights in a host store that
-   step 6 writes instead of the device, fetched before each use and released after.
+Per optimizer step (docs/engine.md has the full account):
+1. gradient ready: a post-accumulate-grad hook per parameter; buckets are launched in bucket order as
+   they complete (params with no gradient are flushed at the end of backward);
+2. device side, on a side stream: flatten into a staging slot (casting per `grad_cast`), reduce-scatter
+   across ranks, the shard's squared norm in fp64 (also the finite flag), then the gradient shard and
+   its norm D2H on a copy stream into pinned buffers; the autograd gradients are freed;
+3. speculative host step: the worker waits for the D2H and runs the host kernel before the global norm
+   is known. It writes only buffers the model does not read (`upload`, and `spare` with full_copy);
+4. device tail buckets keep their gradient shard, master and Adam state on the device;
+5. validation in `step()`: one all-reduce of [Σ norm², non-finite count] in fp64, the one
+   synchronization of the step, then the same decision on every rank for every bucket: commit, redo
+   with the clip factor, or nothing (a skipped step);
+6. parameter return: each host bucket's finalize task publishes its weights (H2D into the flat device
+   buffer its parameters are views of, then an all-gather across ranks); the next forward waits per
+   module on its buckets, never on a global barrier;
+7. weight flow (`flow_layers`, weight_flow.py): flowed blocks' weights live in host stores that step 6
+   writes, fetched before each use and released after.
+
+What a training loop can observe follows torch: weights change only in step(); an exception in backward
+leaves the engine where zero_grad() restores a clean state; misuse raises before any work.
 """
 
 from __future__ import annotations
@@ -22,7 +27,6 @@ from __future__ import annotations
 import collections
 import logging
 import math
-import threading
 import time
 from typing import Any
 
@@ -30,163 +34,255 @@ import torch
 import torch.nn as nn
 
 from superoffload.device import get_device
-from superoffload.engine.bucket import Bucket, HyperParams
+from superoffload.engine import checkpoint as ckpt
+from superoffload.engine.bucket import (
+    Bucket,
+    BucketContext,
+    Counters,
+    Finalize,
+    HostBuffers,
+    HyperParams,
+    Speculation,
+)
+from superoffload.engine.buffers import HostArena, StagingRing
+from superoffload.engine.comm import Comm
 from superoffload.engine.config import ConfigError, SuperOffloadConfig
-from superoffload.engine.layout import ParamSlot, plan_buckets, runs
+from superoffload.engine.hooks import EngineHook
+from superoffload.engine.layout import BucketLayout, ParamSlot, padded_numel, plan_buckets, runs
 from superoffload.engine.loss_scale import DynamicLossScale
 from superoffload.engine.optimizer import OffloadOptimizer
+from superoffload.engine.params import build_param_groups
 from superoffload.engine.weight_flow import WeightFlow
 from superoffload.engine.worker import HostWorker
+from superoffload.options import torch_dtype
+from superoffload.packing import pack_whole_tensors, tail_start
 
 log = logging.getLogger(__name__)
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-class Counters:
-    """Thread-safe accumulators (the worker and the training thread both add)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.values: collections.Counter[str] = collections.Counter()
-
-    def add(self, **kw: float) -> None:
-        with self._lock:
-            self.values.update(kw)
-
-    def snapshot(self) -> dict[str, float]:
-        with self._lock:
-            return dict(self.values)
-
-
-def _param_groups(model: nn.Module, cfg: SuperOffloadConfig,
-                  groups: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
-    o = cfg.optimizer
-    defaults = {"lr": o.lr, "betas": tuple(o.betas), "eps": o.eps, "weight_decay": o.weight_decay}
-    if groups is None:
-        params = [p for p in model.parameters() if p.requires_grad]
-        if cfg.weight_decay_split:
-            decay = [p for p in params if p.dim() >= 2]
-            groups = [{"params": decay}, {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-        else:
-            groups = [{"params": params}]
-    out, seen = [], set()
-    for g in groups:
-        ps = [p for p in g["params"] if id(p) not in seen]
-        seen.update(id(p) for p in ps)
-        unknown = set(g) - {"params", *defaults}
-        if unknown:
-            raise ConfigError(f"param group keys {sorted(unknown)} are not supported; use {sorted(defaults)}")
-        if ps:
-            out.append({**defaults, **{k: v for k, v in g.items() if k != "params"}, "params": ps})
-    if not out:
-        raise ConfigError("the model has no trainable parameters")
-    return out
 
 
 class SuperOffloadEngine:
     def __init__(self, model: nn.Module, config: SuperOffloadConfig | dict | str | None = None,
-                 param_groups: list[dict[str, Any]] | None = None) -> None:
+                 param_groups: Any = None, process_group: Any = None) -> None:
         cfg = SuperOffloadConfig.from_any(config)
         self.config = cfg
         self.device = get_device(cfg.device, cfg.hbm_budget_bytes)
-        self.dtype = DTYPES[cfg.precision]
-        groups = _param_groups(model, cfg, param_groups)
+        self.comm = Comm.create(process_group)
+        self.dtype = torch_dtype(cfg.precision)
+        groups = build_param_groups(model, cfg, param_groups)
         names = {id(p): n for n, p in model.named_parameters()}
-        self.slots: list[ParamSlot] = []
-        for gi, g in enumerate(groups):
-            for p in g["params"]:
-                if not p.is_floating_point():
-                    raise ConfigError(f"parameter {names.get(id(p))} is not floating point")
-                self.slots.append(ParamSlot(index=len(self.slots), param=p,
-                                            name=names.get(id(p), f"param{len(self.slots)}"),
-                                            group=gi, numel=p.numel()))
+        self.slots = [ParamSlot(index=i, param=p, name=names[id(p)], group=gi, numel=p.numel())
+                      for i, (gi, p) in enumerate((gi, p) for gi, g in enumerate(groups) for p in g["params"])]
         self._slot_of = {id(s.param): s.index for s in self.slots}
-        # fp32 masters come from the weights as given, before the device copy is cast to `precision`
-        masters = {s.index: s.param.detach().to("cpu", torch.float32).reshape(-1).clone() for s in self.slots}
+        self.comm.check_same("the model's trainable parameters and param groups",
+                             [(s.name, tuple(s.param.shape), s.group) for s in self.slots])
+        # fp32 masters come from the weights as given, before the device copy is cast to `precision`;
+        # each moves into its bucket's host state when the bucket is created
+        self._pending_master = {s.index: s.param.detach().to("cpu", torch.float32).reshape(-1).clone()
+                                for s in self.slots}
         self.model = model.to(device=self.device.torch_device, dtype=self.dtype)
         self.optimizer = OffloadOptimizer(self, groups)
         self.steps = [0] * len(self.slots)
         self.loss_scale = DynamicLossScale(cfg.loss_scale, enabled=cfg.precision == "fp16")
-        self.worker = HostWorker()
-        self.side_stream = self.device.new_stream()
-        self.upload_stream = self.device.new_stream()
+        self.worker = HostWorker(self.device)
+        self.side_stream = self.device.new_stream("side")
+        self.d2h_stream = self.device.new_stream("d2h")
+        self.upload_stream = self.device.new_stream("upload")
         self.counters = Counters()
         self.spec_counts: collections.Counter[str] = collections.Counter()
         self._recent_rollbacks: collections.deque[bool] = collections.deque(maxlen=cfg.speculation_policy.window)
         self.micro = 0
         self.global_step = 0
+        self.last_grad_norm = float("nan")  # the global gradient norm of the last step (after unscaling)
+        self.last_clip_coef = 1.0
         self.layout_measured = False
-        self._boundary = False
-        self._speculating = False
-        self._backward_done = False
-        self._arrival: list[int] = []
-        self._ready: list[int] = []
+        self.order = list(reversed(range(len(self.slots))))  # provisional: the usual arrival order
         self.buckets: list[Bucket] = []
-        # validated before the layout (which must keep flowed weights out of device tail buckets); it
-        # releases device storage only in start(), after every check has passed
-        self.flow: WeightFlow | None = WeightFlow(self) if cfg.flow_layers else None
-        self._build_layout(list(reversed(range(len(self.slots)))),
-                           {i: (m, None, None, None) for i, m in masters.items()})
-        self._hooks = [s.param.register_post_accumulate_grad_hook(self._on_grad) for s in self.slots]
-        self._hooks += [m.register_forward_pre_hook(self._pre_forward) for m in self.model.modules()
+        self._module_buckets: dict[nn.Module, list[Bucket]] = {}
+        self._arenas: list[HostArena] = []
+        self.ring: StagingRing | None = None
+        self.norms: torch.Tensor | None = None
+        self._upload_stage: torch.Tensor | None = None
+        self._arrival: list[int] = []
+        self._next_launch = 0
+        self._boundary = self._speculating = self._backward_done = self._needs_zero_grad = False
+        self._broken = ""
+        self.ctx = BucketContext(
+            device=self.device, comm=self.comm, worker=self.worker, counters=self.counters, dtype=self.dtype,
+            optimizer=cfg.optimizer, host_optimizer=cfg.host_optimizer, host_threads=cfg.host_threads,
+            full_copy=cfg.rollback_mode == "full_copy", upload_stream=self.upload_stream,
+            upload_staging=self._upload_staging)
+        self._check_tail_budget()
+        self.flow: WeightFlow | None = None
+        self._flow_buckets: list[Bucket] = []
+        if cfg.flow_layers:
+            self.flow = WeightFlow(self.model, cfg, self.device, self.comm, self.worker, self.slots)
+            self.ctx.flow_sink = self.flow
+            self.flow.check_tail_window(self.order, cfg.device_tail_buckets, cfg.bucket_size, measured=False)
+            self._flow_buckets = self._create_buckets(self.flow.layouts(self.comm.world))
+            self.flow.start(self._flow_buckets)
+        self._hooks = [s.param.register_post_accumulate_grad_hook(EngineHook(self._on_grad)) for s in self.slots]
+        self._hooks += [m.register_forward_pre_hook(EngineHook(self._pre_forward)) for m in self.model.modules()
                         if any(id(p) in self._slot_of for p in m.parameters(recurse=False))]
-        if self.flow is not None:
-            self.flow.start()
+        self._hooks.append(self.model.register_forward_pre_hook(EngineHook(self._root_pre_forward)))
+        self._hooks.append(self.model.register_load_state_dict_pre_hook(EngineHook(self._before_model_load)))
+        self._hooks.append(self.model._register_state_dict_hook(EngineHook(self._model_state_dict_hook)))
+        self._versions = self._weight_versions()
 
     # ============================================================================================
-    # layout
+    # layout: measured on the first step, then built once
     # ============================================================================================
-    def _build_layout(self, order: list[int], state: dict[int, tuple]) -> None:
-        specs = plan_buckets(self.slots, order, self.config.bucket_size, self.config.device_tail_buckets)
-        self.order = order
-        self.buckets = [Bucket(spec, self) for spec in specs]
-        tail_bytes = sum(b.device_bytes() for b in self.buckets if b.on_device)
-        if tail_bytes > self.device.hbm_budget_bytes:
-            raise ConfigError(f"device_tail_buckets={self.config.device_tail_buckets} needs {tail_bytes} B of "
-                              f"device memory for grads + Adam state, budget is {self.device.hbm_budget_bytes} B; "
-                              f"lower device_tail_buckets or bucket_size")
+    def _build_layout(self, order: list[int]) -> None:
+        cfg = self.config
+        order = self.comm.broadcast_object(order)  # rank 0 decides; everyone builds the same buckets
+        segment = self.flow.segment_of if self.flow is not None else None
+        fixed = self.flow.fixed_layouts() if self.flow is not None else None
+        layouts = plan_buckets(self.slots, order, cfg.bucket_size, cfg.device_tail_buckets, self.comm.world,
+                               segment=segment, fixed=fixed)
+        self.comm.check_same("the bucket layout", [[s.name for s in lay.slots] for lay in layouts])
         if self.flow is not None:
-            self.flow.check_layout(self.buckets)
-        for b in self.buckets:
-            self.worker.register_waiter(b.uploaded)
-            self.worker.register_waiter(b.idle)
-            for s in b.slots:
-                sl = slice(s.offset, s.offset + s.numel)
-                for buf, src in zip((b.master, b.exp_avg, b.exp_avg_sq, b.max_exp_avg_sq), state[s.index],
-                                    strict=True):
-                    if buf is not None and src is not None:
-                        buf[sl].copy_(src.reshape(-1))
-        self._module_buckets: dict[nn.Module, list[Bucket]] = {}
+            self.flow.check_tail(layouts)
+        self._check_tail_budget(layouts)
+        created = {id(b.layout): b for b in self._flow_buckets}
+        new = self._create_buckets([lay for lay in layouts if id(lay) not in created])
+        created.update({id(b.layout): b for b in new})
+        self.buckets = [created[id(lay)] for lay in layouts]
+        self.order, self.layout_measured = order, True
+        self.norms = self.device.zeros(len(self.buckets), torch.float64, "staging")
+        self._ensure_ring(self.buckets)
+        if self.dtype != torch.float32 and cfg.param_cast == "device" and not self.device.shares_host_memory:
+            self._upload_stage = self.device.empty(max(b.shard_numel for b in self.buckets), torch.float32,
+                                                   "staging")
+        self._module_buckets = {}
         for m in self.model.modules():
             bs = {self.slots[self._slot_of[id(p)]].bucket for p in m.parameters(recurse=False)
                   if id(p) in self._slot_of}
             if bs:
                 self._module_buckets[m] = [self.buckets[i] for i in sorted(bs)]
+        self._versions = self._weight_versions()
 
-    def _param_state(self) -> dict[int, tuple]:
-        out = {}
-        for b in self.buckets:
-            for s in b.slots:
-                sl = slice(s.offset, s.offset + s.numel)
-                out[s.index] = tuple(None if t is None else t[sl].detach().cpu().clone()
-                                     for t in (b.master, b.exp_avg, b.exp_avg_sq, b.max_exp_avg_sq))
-        return out
+    def _check_tail_budget(self, layouts: list[BucketLayout] | None = None) -> None:
+        """Tail state must fit the device budget: checked at initialize on the provisional arrival order
+        (before any work), and again on the measured layout."""
+        per_elem = 4 * (5 if self.config.optimizer.amsgrad else 4)  # fp32 master, m, v, (vmax), grad shard
+        if layouts is None:
+            numels = [self.slots[i].numel for i in self.order]
+            packed = pack_whole_tensors(numels, self.config.bucket_size)
+            tail_elems = [sum(numels[i] for i in b) for b in packed[tail_start(len(packed),
+                                                                                self.config.device_tail_buckets):]]
+            tail = sum(padded_numel(n, self.comm.world) // self.comm.world * per_elem for n in tail_elems)
+        else:
+            tail = sum(lay.padded // self.comm.world * per_elem for lay in layouts if lay.on_device)
+        if tail > self.device.hbm_budget_bytes:
+            raise ConfigError(f"device_tail_buckets={self.config.device_tail_buckets} needs {tail} B of device "
+                              f"memory for grads + Adam state, budget is {self.device.hbm_budget_bytes} B; "
+                              f"lower device_tail_buckets or bucket_size")
 
-    def _remeasure(self) -> None:
-        """After the first backward: rebuild the buckets in the measured gradient-arrival order."""
-        seen = set(self._arrival)
-        order = self._arrival + [i for i in reversed(range(len(self.slots))) if i not in seen]
-        self.layout_measured = True
-        if order != self.order:
-            self.worker.drain()
-            self._build_layout(order, self._param_state())
+    def _create_buckets(self, layouts: list[BucketLayout]) -> list[Bucket]:
+        """Buffers for `layouts` (host ones from two exact-size arenas), filled from the pending masters
+        and the current weights; resident parameters become views of their bucket's flat device buffer."""
+        if not layouts:
+            return []
+        dev, cfg, comm = self.device, self.config, self.comm
+        lowp = self.dtype != torch.float32
+        grad_dtype = self.dtype if lowp and cfg.grad_cast == "host" and not comm.active else torch.float32
+        up_dtype = self.dtype if lowp and cfg.param_cast == "host" else torch.float32
+        pinned = HostArena(dev, pinned=not dev.shares_host_memory, category="transfer")
+        pageable = HostArena(dev, pinned=False, category="optimizer_state")
+        reqs: dict[int, dict[str, Any]] = {}
+        for lay in layouts:
+            if lay.on_device:
+                continue
+            lo, hi = lay.shard(comm.rank, comm.world)
+            n = hi - lo
+            state = 4 if cfg.optimizer.amsgrad else 3
+            # with a shared memory device and one rank, the flatten writes the landing buffer directly
+            landing_n = lay.padded if dev.shares_host_memory and not comm.active else n
+            reqs[id(lay)] = {
+                "state": [pageable.request(n, torch.float32) for _ in range(state)],
+                "spare": [pageable.request(n, torch.float32) for _ in range(state)] if self.ctx.full_copy else None,
+                "landing": (pageable if dev.shares_host_memory else pinned).request(landing_n, grad_dtype),
+                "upload": pinned.request(n, up_dtype),
+                "norm": pinned.request(1, torch.float64),
+                "store": pinned.request(n, self.dtype) if lay.flow_block is not None else None}
+        pinned.allocate()
+        pageable.allocate()
+        self._arenas += [pinned, pageable]
+        return [self._make_bucket(lay, reqs.get(id(lay))) for lay in layouts]
+
+    def _make_bucket(self, lay: BucketLayout, req: dict[str, Any] | None) -> Bucket:
+        dev, comm = self.device, self.comm
+        lo, hi = lay.shard(comm.rank, comm.world)
+        n = hi - lo
+        host = tail = None
+        if req is None:  # a device tail bucket
+            amsgrad = self.config.optimizer.amsgrad
+            tail = {k: dev.zeros(n, torch.float32, "tail_state")
+                    for k in ("master", "exp_avg", "exp_avg_sq", "grad", *(["max_exp_avg_sq"] if amsgrad else []))}
+            master = tail["master"]
+        else:
+            st = [r.tensor for r in req["state"]]
+            for t in st:
+                t.zero_()
+            host = HostBuffers(master=st[0], exp_avg=st[1], exp_avg_sq=st[2],
+                               max_exp_avg_sq=st[3] if len(st) > 3 else None,
+                               spare=[r.tensor for r in req["spare"]] if req["spare"] is not None else None,
+                               landing=req["landing"].tensor, upload=req["upload"].tensor,
+                               norm_host=req["norm"].tensor)
+            host.norm_host.zero_()
+            host.upload.zero_()
+            master = host.master
+        with torch.no_grad():
+            for s in lay.slots:  # this rank's part of each parameter's fp32 master
+                a, b = max(s.offset, lo), min(s.offset + s.numel, hi)
+                if a < b:
+                    master[a - lo: b - lo].copy_(self._pending_master[s.index][a - s.offset: b - s.offset])
+            for s in lay.slots:
+                self._pending_master.pop(s.index, None)
+            if lay.flow_block is not None:
+                home = req["store"].tensor  # the host store: this rank's shard of the bucket's weights
+                self._fill_shard(home, lay, lo, hi)
+            else:
+                home = dev.zeros(lay.padded, self.dtype, "weights")
+                for s in lay.slots:
+                    view = home[s.offset: s.offset + s.numel]
+                    view.copy_(s.param.data.reshape(-1))
+                    s.param.data = view.view(s.param.shape)
+        return Bucket(lay, self.ctx, home, host, tail)
+
+    @staticmethod
+    def _fill_shard(dst: torch.Tensor, lay: BucketLayout, lo: int, hi: int) -> None:
+        dst.zero_()
+        for s in lay.slots:
+            a, b = max(s.offset, lo), min(s.offset + s.numel, hi)
+            if a < b:
+                dst[a - lo: b - lo].copy_(s.param.data.reshape(-1)[a - s.offset: b - s.offset])
+
+    def _ensure_ring(self, buckets: list[Bucket]) -> None:
+        """The staging ring holds the largest host bucket's flat gradient (and, with several ranks, its
+        reduced shard) on its way to the host (not needed when the device is the host and one rank)."""
+        dev, cfg, comm = self.device, self.config, self.comm
+        need = [b for b in buckets if b.host is not None or comm.active]
+        if not need or (dev.shares_host_memory and not comm.active):
+            return
+        numel = max(b.layout.padded for b in need)
+        lowp = self.dtype != torch.float32
+        dtype = self.dtype if lowp and cfg.grad_cast == "host" and not comm.active else torch.float32
+        self.ring = StagingRing(dev, cfg.staging_buffers, numel, numel // comm.world, dtype,
+                                separate_shard=comm.active and not dev.shares_host_memory)
+
+    def _upload_staging(self, numel: int) -> torch.Tensor:
+        """The device fp32 buffer a param_cast "device" return lands in before its cast on the device
+        (used on the upload stream only, so its reuse is ordered)."""
+        assert self._upload_stage is not None
+        return self._upload_stage[:numel]
 
     # ============================================================================================
     # public API
     # ============================================================================================
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         self.worker.check()
-        return self.model(*args, **kwargs)
+        with self.device.tracking():
+            return self.model(*args, **kwargs)
 
     def train(self, mode: bool = True) -> SuperOffloadEngine:
         self.model.train(mode)
@@ -202,23 +298,26 @@ class SuperOffloadEngine:
 
     def backward(self, loss: torch.Tensor) -> None:
         """Backward of one micro-batch's loss (divided by grad_accum, times the fp16 loss scale)."""
-        self.worker.check()
-        boundary = self.is_boundary
-        self._boundary = boundary
-        if boundary:
-            self._begin_boundary()
-        factor = self.loss_scale.scale / self.config.grad_accum
-        flow = self.flow
-        if flow is not None:
-            flow.begin_backward()
-        try:
-            (loss * factor if factor != 1.0 else loss).backward()
-        finally:
-            if flow is not None:  # before _finish_backward launches the remaining buckets
-                flow.end_backward()
-        self.micro += 1
-        if boundary:
-            self._finish_backward()
+        self._check_ready_for_backward()
+        dev = self.device
+        with dev.tracking(), dev.hot_path():
+            self._adopt_user_weight_changes()
+            boundary = self.is_boundary
+            factor = self.loss_scale.scale / self.config.grad_accum
+            try:
+                if boundary:
+                    self._begin_boundary()
+                if self.flow is not None:
+                    self.flow.begin_backward()
+                (loss * factor if factor != 1.0 else loss).backward()
+                if self.flow is not None:  # before the remaining buckets launch
+                    self.flow.end_backward()
+                if boundary:
+                    self._finish_backward()
+            except BaseException:
+                self._abort_backward()
+                raise
+            self.micro += 1
 
     def step(self) -> bool:
         """Validate and finish the optimizer step at an accumulation boundary (a no-op between).
@@ -226,55 +325,159 @@ class SuperOffloadEngine:
         Returns True when the step was applied, False when it was skipped (non-finite gradients) or
         when this was not a boundary.
         """
-        self.worker.check()
+        self._check_usable()
         if self.micro % self.config.grad_accum != 0:
             return False
         if not self._backward_done:
             raise RuntimeError("engine.step() at an accumulation boundary needs engine.backward() first")
-        applied = self._validate_and_apply()
-        self.optimizer._opt_called = True  # tell torch LR schedulers an optimizer step happened
-        self._backward_done = False
-        self.global_step += 1
-        if self.flow is not None:
-            self.flow.end_step()
-        self.zero_grad()
+        dev = self.device
+        with dev.tracking(), dev.hot_path():
+            self._adopt_user_weight_changes()
+            applied = self._validate_and_apply()
+            self.optimizer._opt_called = True  # tell torch LR schedulers an optimizer step happened
+            self._backward_done = False
+            self.global_step += 1
+            if self.flow is not None:
+                self.flow.end_step()
         if not self.config.overlap_param_return:
             self.synchronize()
         return applied
 
     def zero_grad(self) -> None:
-        cur = self.device.current_stream()
-        for b in self.buckets:
-            cur.wait_event(b.d2h_event)  # the side stream may still read these grads (CUDA)
-        for s in self.slots:
-            s.param.grad = None
+        """Drop accumulated gradients and start a new accumulation window (as torch's zero_grad).
+
+        After an exception in backward() this is what makes the engine usable again: the interrupted
+        window is discarded as if its micro-batches had never been seen."""
+        with self.device.tracking():
+            for s in self.slots:
+                g = s.param.grad
+                if g is not None:
+                    self.device.release_grad(g, read_on=(self.side_stream,))
+                    s.param.grad = None
+        self.micro -= self.micro % self.config.grad_accum
+        self._needs_zero_grad = False
 
     def synchronize(self) -> None:
-        """Wait for every host task and transfer (checkpointing, timing, tests)."""
-        self.worker.drain()
-        for b in self.buckets:
-            b.upload_event.synchronize()
-        self.device.synchronize()
+        """Wait for every host task and transfer: parameters then hold this step's values everywhere."""
+        with self.device.tracking():
+            self.worker.drain()
+            for b in self.buckets:
+                if b.gather is not None:
+                    self.comm.wait(b.gather)
+                    b.gather = None
+            self.device.synchronize()
 
     def close(self) -> None:
         for h in self._hooks:
             h.remove()
+        self._hooks = []
         try:
+            self.worker.drain(check=False)
             if self.flow is not None:
                 self.flow.close()  # weights back on the device: the model is a plain module again
+            self.device.synchronize()
         finally:
             self.worker.close()
+
+    # ============================================================================================
+    # misuse and exceptions
+    # ============================================================================================
+    def _check_usable(self) -> None:
+        self.worker.check()
+        if self._broken:
+            raise RuntimeError(self._broken)
+
+    def _check_ready_for_backward(self) -> None:
+        self._check_usable()
+        if self._needs_zero_grad:
+            raise RuntimeError("the last engine.backward() raised before it finished; call engine.zero_grad() "
+                               "to discard that accumulation window, then continue training")
+        if self._backward_done:
+            raise RuntimeError(f"engine.backward() was called {self.config.grad_accum} time(s) since the last "
+                               f"step (grad_accum: {self.config.grad_accum}) and once more now; call engine.step() "
+                               f"after each accumulation window, or raise grad_accum to accumulate more "
+                               f"micro-batches per step")
+
+    def _abort_backward(self) -> None:
+        """An exception escaped backward: discard this step's speculation exactly and leave a state
+        from which zero_grad() continues as if the window had never been seen."""
+        self.worker.drain(check=False)  # no task is left writing (speculation writes only scratch buffers)
+        for b in self.buckets:
+            b.spec = Speculation()
+            b.launched = False
+            b.ready = 0
+        self._arrival, self._next_launch = [], 0
+        self._boundary = self._speculating = self._backward_done = False
+        self._needs_zero_grad = True
+        if self.flow is not None:
+            self.flow.end_backward()
+        if self.comm.active:
+            self._broken = ("an exception in backward() left this rank's collectives out of step with the other "
+                            "ranks; restart the job from a checkpoint")
+
+    # ============================================================================================
+    # weights changed behind the engine's back
+    # ============================================================================================
+    def _weight_versions(self) -> list[tuple[int, int]]:
+        return [(s.param._version, s.param.data_ptr() if self._owned_view(s) else -1) for s in self.slots]
+
+    def _owned_view(self, s: ParamSlot) -> bool:
+        """The parameter is a view of its bucket's device buffer (the engine's to check by address)."""
+        return bool(self.buckets) and not (self.flow is not None and self.flow.owns(s.param))
+
+    def _adopt_user_weight_changes(self) -> None:
+        """A parameter written in place (load_state_dict, torch.nn.init, an in-place op under no_grad) or
+        given new data since the engine last wrote it: take its values into the fp32 master, as
+        torch.optim would step from them, and redo any speculation that used the old master."""
+        now = self._weight_versions()
+        changed = [s for s, a, b in zip(self.slots, self._versions, now, strict=True) if a != b]
+        if not changed:
+            return
+        self.worker.drain()  # pending returns must not overwrite what the user wrote after them
+        with torch.no_grad():
+            for s in changed:
+                values = s.param.detach().reshape(-1)
+                if not self.buckets:
+                    self._pending_master[s.index] = values.to("cpu", torch.float32).clone()
+                    continue
+                b = self.buckets[s.bucket]
+                if s.param.data_ptr() != now[s.index][1] or not self._is_home_view(b, s):
+                    b.home[s.offset: s.offset + s.numel].copy_(values)
+                    s.param.data = b.home[s.offset: s.offset + s.numel].view(s.param.shape)
+                master = b.tail["master"] if b.tail is not None else b.host.master
+                a, e = max(s.offset, b.lo), min(s.offset + s.numel, b.hi)
+                if a < e:
+                    master[a - b.lo: e - b.lo].copy_(values[a - s.offset: e - s.offset].float())
+                b.spec.queued = False  # its speculation read the old master: redo it
+        log.info("adopted new values of %d parameter(s) written outside the engine", len(changed))
+        self._versions = self._weight_versions()
+
+    def _is_home_view(self, b: Bucket, s: ParamSlot) -> bool:
+        return b.flowed or s.param.data_ptr() == b.home[s.offset: s.offset + s.numel].data_ptr()
+
+    def _before_model_load(self, *args: Any, **kwargs: Any) -> None:
+        # model.load_state_dict writes the parameters: pending returns must land first, not after
+        self.synchronize()
+
+    def _model_state_dict_hook(self, module: nn.Module, state: dict, prefix: str, local: Any) -> dict:
+        """model.state_dict(): this step's weights (pending returns waited for); flowed weights from their
+        host store as copies (their device storage is released outside forward)."""
+        self.synchronize()
+        if self.flow is not None:
+            self.flow.state_dict_entries(module, state, prefix)
+        return state
 
     # ============================================================================================
     # backward: hooks and the device side
     # ============================================================================================
     def _begin_boundary(self) -> None:
+        self._boundary = True
         self._speculating = self._speculation_allowed()
-        self._ready = [0] * len(self.buckets)
-        self._arrival = []
+        self._arrival, self._next_launch = [], 0
         for b in self.buckets:
             b.launched = False
-            b.spec_queued = False
+            b.ready = 0
+            b.spec = Speculation()
 
     def _speculation_allowed(self) -> bool:
         if not self.config.speculation:
@@ -289,18 +492,25 @@ class SuperOffloadEngine:
         if not self.layout_measured:
             self._arrival.append(idx)
             return
-        bi = self.slots[idx].bucket
-        self._ready[bi] += 1
-        if self._ready[bi] == len(self.buckets[bi].slots):
-            self._launch(self.buckets[bi])
+        b = self.buckets[self.slots[idx].bucket]
+        b.ready += 1
+        # launch in bucket order, identical on every rank whatever order gradients arrive in
+        while self._next_launch < len(self.buckets):
+            nxt = self.buckets[self._next_launch]
+            if nxt.ready < len(nxt.slots):
+                break
+            self._launch(nxt)
+            self._next_launch += 1
 
     def _finish_backward(self) -> None:
         if not self.layout_measured:
-            self._remeasure()
-            self._ready = [0] * len(self.buckets)
-        for b in self.buckets:
-            if not b.launched:
-                self._launch(b)  # buckets with unused parameters, or the measuring step
+            seen = set(self._arrival)
+            with self.device.allow_sync():  # once per run: the layout is built (and broadcast) here
+                self._build_layout(self._arrival + [i for i in reversed(range(len(self.slots))) if i not in seen])
+        for b in self.buckets[self._next_launch:]:
+            self._launch(b)  # buckets with unused parameters, or the measuring step
+        self._next_launch = len(self.buckets)
+        self._boundary = False
         self._backward_done = True
 
     def _current_hps(self) -> dict[int, HyperParams]:
@@ -308,73 +518,134 @@ class SuperOffloadEngine:
                                 eps=float(g["eps"]), weight_decay=float(g["weight_decay"]))
                 for gi, g in enumerate(self.optimizer.param_groups)}
 
+    def _grad_target(self, b: Bucket) -> tuple[torch.Tensor, torch.Tensor, int | None]:
+        """(where the flat gradient is written, where this rank's reduced shard lands, ring slot)."""
+        comm, ring = self.comm, self.ring
+        if b.tail is not None and not comm.active:
+            return b.tail["grad"], b.tail["grad"], None
+        if b.host is not None and self.device.shares_host_memory and not comm.active:
+            return b.host.landing, b.host.landing, None
+        assert ring is not None
+        i = ring.acquire()
+        flat = ring.flat[i][: b.layout.padded]
+        if b.tail is not None:
+            shard = b.tail["grad"]
+        elif self.device.shares_host_memory:
+            shard = b.host.landing
+        elif comm.active:
+            shard = ring.shard[i][: b.shard_numel]
+        else:
+            shard = flat
+        return flat, shard, i
+
     def _launch(self, b: Bucket) -> None:
+        dev, comm = self.device, self.comm
         if not b.idle.is_set():
-            self.worker.wait_event(b.idle)  # last step's commit still reads the landing buffer
+            self.worker.wait_event(b.idle)  # last step's tasks still read this bucket's landing buffer
         t0 = time.perf_counter()
         b.mark_present()
         b.launched = True
+        grads = [(s, s.param.grad) for s in b.present_slots()]
+        for _, g in grads:
+            dev.adopt_grad(g)
         side = self.side_stream
-        side.wait_stream(self.device.current_stream())
-        with self.device.stream(side):
+        dev.wait_stream(side, dev.current_stream(), "launch: side stream waits for the gradients")
+        flat, shard, slot = self._grad_target(b)
+        if slot is not None:
+            dev.wait_event(side, self.ring.free_event[slot], "launch: staging slot free")
+        with dev.stream(side):
             for s, present in zip(b.slots, b.present, strict=True):
-                view = b.dev_grad[s.offset: s.offset + s.numel]
+                view = flat[s.offset: s.offset + s.numel]
                 if present:
-                    view.copy_(s.param.grad.reshape(-1))
+                    view.copy_(s.param.grad.reshape(-1))  # the copy into fp32 staging is the device cast
                 else:
                     view.zero_()
-            # one reduction gives both the squared norm and the finite flag (Device.grad_norm_sq)
-            b.norm_host.copy_(self.device.grad_norm_sq(b.dev_grad), non_blocking=True)
-            if b.landing is not None and b.landing is not b.dev_grad:
-                b.landing.copy_(b.dev_grad, non_blocking=True)
-                self.counters.add(bytes_d2h=b.dev_grad.numel() * b.dev_grad.element_size())
-            b.d2h_event.record(side)
+            flat[b.layout.numel:].zero_()
+            comm.wait(comm.reduce_scatter(shard, flat))
+            dev.kernels.grad_norm_sq(shard, self.norms[b.index: b.index + 1])
+            dev.record(b.flat_ready, side, "launch: gradient flattened")
+        for s, g in grads:  # autograd's gradient is consumed: its memory returns once the side stream is done
+            dev.release_grad(g, read_on=(side,))
+            s.param.grad = None
+        if b.host is not None:
+            self._land(b, shard, slot)
+        elif slot is not None:
+            dev.record(self.ring.free_event[slot], side, "launch: staging slot read")
         self.counters.add(grad_launch_s=time.perf_counter() - t0)
-        if not b.on_device and self._speculating:
-            scale, hps, steps = 1.0 / self.loss_scale.scale, self._current_hps(), b.steps_snapshot()
-            b.spec_queued, b.spec_scale, b.spec_hps = True, scale, hps
-            b.expect_upload()
+        if b.host is not None and self._speculating:
+            scale, hps = self._unscale(), self._current_hps()  # the clip factor assumed 1
+            b.spec = Speculation(queued=True, scale=scale, hps=hps)
+            steps = b.steps_snapshot(self.steps)
             b.submit(lambda: b.speculate(scale, hps, steps), "speculate")
+
+    def _land(self, b: Bucket, shard: torch.Tensor, slot: int | None) -> None:
+        """The gradient shard and its norm to the host (a copy stream; nothing to copy when the device
+        is the host)."""
+        dev = self.device
+        h = b.host
+        if h.landing is shard:
+            with dev.stream(self.side_stream):
+                h.norm_host.copy_(self.norms[b.index: b.index + 1])
+                dev.record(b.d2h_event, self.side_stream, "launch: gradient landed")
+            if slot is not None:
+                dev.record(self.ring.free_event[slot], self.side_stream, "launch: staging slot read")
+            return
+        d2h = self.d2h_stream
+        dev.wait_event(d2h, b.flat_ready, "launch: D2H waits for the flattened shard")
+        with dev.stream(d2h):
+            h.landing.copy_(shard, non_blocking=True)
+            h.norm_host.copy_(self.norms[b.index: b.index + 1], non_blocking=True)
+        if slot is not None:
+            dev.record(self.ring.free_event[slot], d2h, "launch: staging slot read")
+        dev.record(b.d2h_event, d2h, "launch: gradient landed")
+        self.counters.add(bytes_d2h=shard.numel() * shard.element_size())
+
+    def _unscale(self) -> float:
+        """Factor from the reduced gradient to the true one: 1/loss_scale, and 1/world for a mean."""
+        mean = self.comm.world if self.config.gradient_reduction == "mean" else 1
+        return 1.0 / (self.loss_scale.scale * mean)
 
     # ============================================================================================
     # validation and the end of the step
     # ============================================================================================
+    def _global_norm_sq(self) -> tuple[float, int]:
+        """(Σ over buckets and ranks of the shards' squared norms, number of non-finite shards): one
+        all-reduce in fp64 on the device, then the step's one host synchronization."""
+        dev = self.device
+        dev.wait_stream(dev.current_stream(), self.side_stream, "validate: compute waits for the bucket norms")
+        norms = self.norms
+        finite = torch.isfinite(norms)
+        stats = torch.stack([torch.where(finite, norms, torch.zeros_like(norms)).sum(),
+                             (~finite).sum().to(torch.float64)])
+        self.comm.all_reduce_sum(stats)
+        with dev.allow_sync():
+            total2, nonfinite = dev.to_host(stats).tolist()
+        return total2, int(nonfinite)
+
     def _validate_and_apply(self) -> bool:
         t0 = time.perf_counter()
-        total2, finite = 0.0, True
-        for b in self.buckets:  # fixed order: the reduction is deterministic
-            b.d2h_event.synchronize()
-            n2 = float(b.norm_host[0])  # the bucket's squared norm
-            if math.isfinite(n2):
-                total2 += n2
-            else:
-                finite = False
-        inv = 1.0 / self.loss_scale.scale
-        self.last_grad_norm = math.sqrt(total2) * inv if finite else float("nan")
+        total2, nonfinite = self._global_norm_sq()
+        finite = nonfinite == 0
+        unscale = self._unscale()
+        self.last_grad_norm = math.sqrt(total2) * unscale if finite else float("nan")
         coef = 1.0
         if finite and self.config.grad_clip > 0:
-            c = self.config.grad_clip / (self.last_grad_norm + 1e-6)
-            coef = min(c, 1.0)
+            coef = min(self.config.grad_clip / (self.last_grad_norm + 1e-6), 1.0)
         self.last_clip_coef = coef
-        scale = inv * coef
+        scale = unscale * coef
         skip = not finite and self.config.skip_nonfinite
         hps = self._current_hps()
         self.counters.add(validate_wait_s=time.perf_counter() - t0)
-
-        speculated = any(b.spec_queued for b in self.buckets)
+        speculated = any(b.spec.queued for b in self.buckets)
         needs_rollback = skip or coef != 1.0
-        action = "skip" if skip else "commit"
         # the next forward needs the last-arriving buckets (first layers) first: finalize those first
-        for b in reversed([b for b in self.buckets if not b.on_device]):
-            same = b.spec_queued and scale == b.spec_scale and hps == b.spec_hps
-            if action == "skip" and not b.spec_queued:
-                continue
-            counted = action == "skip" or not same
-            if counted:
-                b.expect_upload()  # this task writes the weights again; the next forward must wait for it
-            steps = b.steps_snapshot()
-            b.submit(lambda b=b, steps=steps, counted=counted: b.finalize(action, scale, hps, steps, counted),
-                     action)
+        for b in reversed([b for b in self.buckets if b.host is not None]):
+            kind = self._decide(b.spec, skip, finite, scale, hps)
+            if kind is not Finalize.NOTHING:
+                b.expect_upload()
+            steps, spec = b.steps_snapshot(self.steps), b.spec.queued
+            b.submit(lambda b=b, kind=kind, steps=steps, spec=spec: b.finalize(kind, scale, hps, steps, spec),
+                     kind.value)
         if not skip:
             self._step_device_buckets(scale, hps)
             for b in self.buckets:
@@ -382,123 +653,103 @@ class SuperOffloadEngine:
                     self.steps[s.index] += 1
         self.loss_scale.update(found_nonfinite=not finite)
         self._recent_rollbacks.append(needs_rollback)
+        self._count(speculated, skip, coef != 1.0, needs_rollback)
+        return not skip
+
+    @staticmethod
+    def _decide(spec: Speculation, skip: bool, finite: bool, scale: float,
+                hps: dict[int, HyperParams]) -> Finalize:
+        """The one decision per bucket. A speculation stands only if it used the final inputs; a shard
+        that was not finite was not speculated at all (so with skip_nonfinite off it is redone)."""
+        if skip:
+            return Finalize.NOTHING
+        if spec.queued and finite and spec.scale == scale and spec.hps == hps:
+            return Finalize.COMMIT
+        return Finalize.REDO
+
+    def _count(self, speculated: bool, skip: bool, clipped: bool, needs_rollback: bool) -> None:
         c = self.spec_counts
         c["steps"] += 1
         c["skipped"] += int(skip)
-        c["clipped"] += int(coef != 1.0)
+        c["clipped"] += int(clipped and not skip)
         if speculated:
             c["speculated"] += 1
             c["rolled_back"] += int(needs_rollback)
             c["committed"] += int(not needs_rollback)
         else:
             c["validate_first"] += 1
-        return not skip
 
     def _step_device_buckets(self, scale: float, hps: dict[int, HyperParams]) -> None:
+        """Tail buckets step on the device (compute stream, after validation): Adam on the shard, the
+        shard cast into the flat weights, all-gathered across ranks."""
         t0 = time.perf_counter()
-        cur = self.device.current_stream()
-        for b in (b for b in self.buckets if b.on_device):
-            cur.wait_event(b.d2h_event)
+        dev, o = self.device, self.config.optimizer
+        for b in (b for b in self.buckets if b.tail is not None):
+            t = b.tail
             present = {s.index for s in b.present_slots()}
-            for start, end, members in runs(b.slots, key=lambda s, present=present: (
-                    (s.group, self.steps[s.index]) if s.index in present else None)):
-                hp, sl = hps[members[0].group], slice(start, end)
-                self.device.adam_step(
-                    b.master[sl], b.dev_grad[sl], b.exp_avg[sl], b.exp_avg_sq[sl],
-                    step=self.steps[members[0].index] + 1, lr=hp.lr, beta1=hp.beta1, beta2=hp.beta2,
-                    eps=hp.eps, weight_decay=hp.weight_decay, adamw=self.config.optimizer.adamw,
-                    grad_scale=scale, max_exp_avg_sq=None if b.max_exp_avg_sq is None else b.max_exp_avg_sq[sl])
-            for s in b.present_slots():
-                s.param.data.copy_(b.master[s.offset: s.offset + s.numel].view(s.param.shape))
+            for start, end, members in runs(b.slots, lambda s, present=present: (
+                    (s.group, self.steps[s.index]) if s.index in present else None), b.lo, b.hi):
+                hp, sl = hps[members[0].group], slice(start - b.lo, end - b.lo)
+                dev.kernels.adam_step(
+                    t["master"][sl], t["grad"][sl], t["exp_avg"][sl], t["exp_avg_sq"][sl],
+                    step=self.steps[members[0].index] + 1, lr=hp.lr, beta1=hp.beta1, beta2=hp.beta2, eps=hp.eps,
+                    weight_decay=hp.weight_decay, adamw=o.adamw, bias_correction=o.bias_correction,
+                    grad_scale=scale, max_exp_avg_sq=t["max_exp_avg_sq"][sl] if "max_exp_avg_sq" in t else None)
+            with torch.no_grad():
+                b.home[b.lo: b.hi].copy_(t["master"])
+            b.gather = self.comm.all_gather(b.home, b.home[b.lo: b.hi], worker=False)
         self.counters.add(device_step_s=time.perf_counter() - t0)
+
+    def _root_pre_forward(self, module: nn.Module, args: Any) -> None:
+        self._check_usable()
 
     def _pre_forward(self, module: nn.Module, args: Any) -> None:
         buckets = self._module_buckets.get(module)
         if not buckets:
             return
-        cur = self.device.current_stream()
+        dev = self.device
+        cur = dev.current_stream()
         for b in buckets:
             if not b.uploaded.is_set():
                 self.worker.wait_event(b.uploaded)
-            cur.wait_event(b.upload_event)
+            if b.gather is not None:
+                self.comm.wait(b.gather)
+                b.gather = None
+            dev.wait_event(cur, b.upload_event, "forward: waits for its buckets' weights")
 
     # ============================================================================================
     # checkpoints and stats
     # ============================================================================================
     def state_dict(self) -> dict[str, Any]:
-        """Host master, Adam moments and step counts per parameter name, param-group hyper-parameters,
-        the loss scale: everything needed for a bit-exact resume (the model's buffers are the model's)."""
-        self.synchronize()
-        state = self._param_state()
-        params = {}
-        for s in self.slots:
-            master, m, v, vmax = state[s.index]
-            entry = {"master": master.view(s.param.shape), "exp_avg": m.view(s.param.shape),
-                     "exp_avg_sq": v.view(s.param.shape), "step": self.steps[s.index]}
-            if vmax is not None:
-                entry["max_exp_avg_sq"] = vmax.view(s.param.shape)
-            params[s.name] = entry
-        return {"version": 1, "params": params,
-                "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups],
-                "loss_scale": self.loss_scale.state_dict(), "global_step": self.global_step, "micro": self.micro,
-                # the measured gradient-arrival order, so a resumed run keeps the same buckets
-                "arrival_order": [self.slots[i].name for i in self.order], "layout_measured": self.layout_measured}
+        """This rank's optimizer state (shards of fp32 master, moments), step counts, param-group
+        hyper-parameters, the loss scale, the bucket layout and, mid-accumulation, the partial gradients:
+        everything for a bit-exact resume (`superoffload.engine.checkpoint` reads it)."""
+        self._check_usable()
+        return ckpt.engine_state_dict(self)
 
-    def load_state_dict(self, sd: dict[str, Any]) -> None:
-        if sd.get("version") != 1:
-            raise ValueError(f"unsupported engine state_dict version {sd.get('version')!r}")
-        names = {s.name for s in self.slots}
-        missing, unexpected = names - set(sd["params"]), set(sd["params"]) - names
-        if missing or unexpected:
-            raise ValueError(f"state_dict does not match the model: missing {sorted(missing)[:5]}, "
-                             f"unexpected {sorted(unexpected)[:5]}")
-        if len(sd["param_groups"]) != len(self.optimizer.param_groups):
-            raise ValueError(f"state_dict has {len(sd['param_groups'])} param groups, the engine has "
-                             f"{len(self.optimizer.param_groups)}")
-        self.synchronize()
-        state = {}
-        for s in self.slots:
-            e = sd["params"][s.name]
-            if tuple(e["master"].shape) != tuple(s.param.shape):
-                raise ValueError(f"{s.name}: shape {tuple(e['master'].shape)} in state_dict, "
-                                 f"{tuple(s.param.shape)} in the model")
-            state[s.index] = (e["master"], e["exp_avg"], e["exp_avg_sq"], e.get("max_exp_avg_sq"))
-            self.steps[s.index] = int(e["step"])
-        for g, saved in zip(self.optimizer.param_groups, sd["param_groups"], strict=True):
-            g.update(saved)
-        by_name = {s.name: s.index for s in self.slots}
-        order = [by_name[n] for n in sd.get("arrival_order", [])]
-        if sorted(order) == list(range(len(self.slots))):
-            self.order, self.layout_measured = order, bool(sd.get("layout_measured", False))
-        self._build_layout(self.order, state)
-        self.loss_scale.load_state_dict(sd["loss_scale"])
-        self.global_step, self.micro = int(sd["global_step"]), int(sd["micro"])
-        with torch.no_grad():
-            for s in self.slots:  # device weights = the master cast to precision, as after any step
-                if self.flow is not None and self.flow.owns(s.param):
-                    self.flow.write_host(s.param, state[s.index][0])  # its device copy comes from there
-                else:
-                    s.param.data.copy_(state[s.index][0].reshape(s.param.shape))
-        if self.flow is not None:
-            self.flow.reload_resident()
-        self.device.synchronize()
+    def load_state_dict(self, sd: dict[str, Any] | list[dict[str, Any]]) -> None:
+        """Resume from `state_dict()` output: one rank's dict at the same world size, or the list of every
+        rank's dicts (any world size: the state is re-sharded). Older per-parameter dicts load too."""
+        self._check_usable()
+        ckpt.load_engine_state_dict(self, sd)
 
     @property
     def stats(self) -> dict[str, Any]:
         c = self.counters.snapshot()
-        host = [b for b in self.buckets if not b.on_device]
-        dev = [b for b in self.buckets if b.on_device]
-        c.setdefault("bytes_d2h", 0)
-        c.setdefault("bytes_h2d", 0)
+        host = [b for b in self.buckets if b.host is not None]
+        dev = [b for b in self.buckets if b.tail is not None]
         extra = {"weight_flow": self.flow.stats()} if self.flow is not None else {}
+        tail_bytes = sum(t.numel() * t.element_size() for b in dev for t in b.tail.values())
         return {
             "buckets_host": len(host), "buckets_device": len(dev),
             "bucket_size": self.config.bucket_size, "params": sum(s.numel for s in self.slots),
-            "device_tail_params": sum(b.spec.numel for b in dev),
-            "device_tail_bytes": sum(b.device_bytes() for b in dev),
-            "host_state_bytes": sum(b.host_bytes() for b in host),
+            "world_size": self.comm.world, "rank": self.comm.rank,
+            "device_tail_params": sum(b.layout.numel for b in dev),
+            "device_tail_bytes": tail_bytes,
+            "host_state_bytes": sum(a.nbytes for a in self._arenas if a.category == "optimizer_state"),
+            "pinned_bytes": sum(a.nbytes for a in self._arenas if a.pinned),
             "layout_measured": self.layout_measured,
-            "bytes": {"d2h": int(c.pop("bytes_d2h")), "h2d": int(c.pop("bytes_h2d"))},
+            "bytes": {"d2h": int(c.pop("bytes_d2h", 0)), "h2d": int(c.pop("bytes_h2d", 0))},
             "time_s": {**c, "host_worker_busy_s": self.worker.busy_s},
             "speculation": {**dict(self.spec_counts), "enabled": self.config.speculation,
                             "mode": self.config.rollback_mode,
@@ -506,6 +757,8 @@ class SuperOffloadEngine:
                                                      if self._recent_rollbacks else 0.0),
                             "rollback_time_s": c.get("rollback_s", 0.0)},
             "loss_scale": self.loss_scale.scale if self.loss_scale.enabled else None,
+            "last_grad_norm": self.last_grad_norm,
+            "memory": self.device.memory_report(),
             "config": self.config.to_dict(),
             **extra,
         }

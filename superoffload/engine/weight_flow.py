@@ -1,31 +1,26 @@
-"""Weight flow (DESIGN.md, "The life of a bucket", stage 7): blocks whose weights live on the host.
+"""Weight flow: blocks whose weights live in host memory, fetched to the device before each use.
 
 The blocks listed in `config.flow_layers` (indices into the model's list of transformer blocks) keep
-their low-precision weights in a host store (pinned with CUDA) instead of HBM. Each flowed parameter
-keeps its tensor, its autograd identity and its metadata; only its device storage comes and goes:
+their low-precision weights in host stores (pinned with CUDA) instead of device memory:
 
-- fetch: resize the storage back to its size (allocated on the compute stream), copy the host store
-  into it on a prefetch stream and record an event; the compute stream waits for that event before
-  the block runs;
-- release: resize the storage to 0 bytes (FSDP1-style). Autograd's saved tensors that reference the
-  weight share the same storage object, so once it is resized back and refilled before backward they
-  are valid again. The copies write through `param.data`, which has its own version counter: autograd
-  does not see them as in-place modifications.
+- a flowed block's trainable parameters are bucketed on their own (laid out at initialize, before the
+  arrival order is measured), and each such bucket's *home* is its host store: the host step writes
+  the new weights there. Frozen parameters of the block get a store of their own;
+- each store has a device buffer whose storage is allocated on fetch (resized back to its size, on the
+  compute stream), filled by an H2D copy on a prefetch stream (all-gathered across ranks, ZeRO-3
+  style: each rank's store holds its shard), and freed on release (resized to 0 bytes). Parameters are
+  views of that buffer while resident, so autograd's saved tensors, which share the storage, are valid
+  again once it is refilled before backward;
+- outside their uses a flowed parameter's data is a view of its host store (one rank: a read returns
+  the right values) or an empty meta tensor (several ranks: a read raises), never released memory.
 
 When: a block is fetched before its forward and released after it; fetched again when the gradient of
 its output is ready (the start of its backward, before an activation-checkpointing recompute, which
 therefore finds the weights present), and released when every parameter of the block has accumulated
 its gradient (or at the end of backward). `flow_prefetch` blocks ahead in the direction of travel are
-fetched early, so the copy overlaps the compute of the block in front of them.
-
-With the optimizer: a host step's new weights for a flowed parameter go into its host store
-(`write_host`, called by `Bucket._upload` on the worker), not into the device; a fetch first waits
-until the buckets holding the block's parameters are uploaded (`worker.wait_event`: never a bare wait
-that could hang on a dead worker). A prefetch never stalls the training thread on a host step: if the
-host step is not done it is skipped and the block is fetched on demand where it is used.
-
-CPU-only: streams and events are no-ops and "device" storage is host memory, but the storage is still
-released and refetched: the same code path, so the CPU tests exercise it.
+fetched early, so the copy overlaps the compute of the block in front of them. A prefetch never
+stalls the training thread on a host step (it is skipped and the block fetched on demand where it is
+used), except with several ranks, where every rank must issue the same all-gathers in the same order.
 """
 
 from __future__ import annotations
@@ -40,12 +35,16 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn as nn
 
-from superoffload.engine.config import ConfigError
+from superoffload.device import Device
+from superoffload.engine.comm import Comm
+from superoffload.engine.config import ConfigError, SuperOffloadConfig
+from superoffload.engine.hooks import EngineHook
+from superoffload.engine.layout import BucketLayout, ParamSlot, _layout
+from superoffload.engine.worker import HostWorker
+from superoffload.packing import pack_whole_tensors
 
 if TYPE_CHECKING:
     from superoffload.engine.bucket import Bucket
-    from superoffload.engine.engine import SuperOffloadEngine
-    from superoffload.engine.layout import ParamSlot
 
 log = logging.getLogger(__name__)
 
@@ -91,32 +90,50 @@ def find_module_list(model: nn.Module, path: str | None) -> tuple[str, nn.Module
 
 
 @dataclass(eq=False)
+class Store:
+    """One contiguous host store of a block's weights and the device buffer they are fetched into."""
+
+    params: list[tuple[nn.Parameter, int]]  # (parameter, element offset in the flat layout)
+    padded: int
+    host: torch.Tensor  # this rank's shard (a bucket's home), or the whole layout (frozen weights)
+    lo: int
+    hi: int
+    device_flat: torch.Tensor  # storage resized to 0 when released
+    bucket: Bucket | None = None  # the bucket whose home this is (None: frozen weights)
+    gather: Any = None
+
+    def placeholder(self, p: nn.Parameter, off: int, sharded: bool) -> torch.Tensor:
+        if sharded:
+            return torch.empty(p.shape, dtype=p.dtype, device="meta")
+        return self.host[off: off + p.numel()].view(p.shape)
+
+
+@dataclass(eq=False)
 class FlowBlock:
     pos: int  # index in the list of blocks
     name: str  # qualified module name
     module: nn.Module
     params: list[nn.Parameter]  # unique, non-empty parameters of the block
     slots: list[ParamSlot]  # the engine's slots of those params (trainable ones)
-    stores: list[torch.Tensor] = field(default_factory=list)  # flat host view per param
+    layouts: list[BucketLayout] = field(default_factory=list)
+    stores: list[Store] = field(default_factory=list)
     nbytes: int = 0
-    tracked: bool = True  # every param is trained by the engine: release after the last one's gradient
     resident: bool = True
     event: Any = None  # recorded on the prefetch stream after the block's last fetch copy
     pending: bool = False  # ran forward with autograd; its backward has not started
     in_backward: bool = False
     grads_left: int = 0
-    stale: bool = False  # the host store changed since the last fetch
+    stale: bool = False  # a host store changed while the block was resident
 
 
 class WeightFlow:
-    """Fetches and releases the device storage of the flowed blocks' parameters; see the module doc."""
+    """Fetches and releases the device storage of the flowed blocks' weights; see the module doc."""
 
-    def __init__(self, engine: SuperOffloadEngine) -> None:
-        cfg = engine.config
-        self.eng = engine
-        self.device = engine.device
+    def __init__(self, model: nn.Module, cfg: SuperOffloadConfig, device: Device, comm: Comm,
+                 worker: HostWorker, slots: list[ParamSlot]) -> None:
+        self.model, self.cfg, self.device, self.comm, self.worker = model, cfg, device, comm, worker
         self.prefetch = cfg.flow_prefetch
-        self.path, blocks = find_module_list(engine.model, cfg.flow_module_list)
+        self.path, blocks = find_module_list(model, cfg.flow_module_list)
         self.n_blocks = len(blocks)
         bad = [i for i in cfg.flow_layers if i >= self.n_blocks]
         if bad:
@@ -124,175 +141,174 @@ class WeightFlow:
                               f"(valid indices 0..{self.n_blocks - 1})")
         self._pos = {id(m): i for i, m in enumerate(blocks)}
         self.modules = list(blocks)
-        names = {id(m): n for n, m in engine.model.named_modules()}
-        slot_of = {id(s.param): s for s in engine.slots}
+        names = {id(m): n for n, m in model.named_modules()}
+        slot_of = {id(s.param): s for s in slots}
+        self.slots = slots
         self.blocks: dict[int, FlowBlock] = {}
         self._block_of: dict[int, FlowBlock] = {}  # id(param) -> its flowed block
         for pos in sorted(cfg.flow_layers):
             m = self.modules[pos]
             params = [p for p in dict.fromkeys(m.parameters()) if p.numel() > 0]
-            slots = [slot_of[id(p)] for p in params if id(p) in slot_of]
-            blk = FlowBlock(pos=pos, name=names[id(m)], module=m, params=params, slots=slots,
-                            nbytes=sum(p.numel() * p.element_size() for p in params),
-                            tracked=len(slots) == len(params))
+            blk = FlowBlock(pos=pos, name=names[id(m)], module=m, params=params,
+                            slots=[slot_of[id(p)] for p in params if id(p) in slot_of],
+                            nbytes=sum(p.numel() * p.element_size() for p in params))
             self.blocks[pos] = blk
             for p in params:
                 self._block_of[id(p)] = blk
-        self._check_params(engine.model)
-        self._store_of: dict[int, torch.Tensor] = {}
-        self.stream = self.device.new_stream()
+        self._check_params(model)
+        self.stream = device.new_stream("flow")
         self._hooks: list[Any] = []
         # a block's output gets a backward trigger only if it can fetch a flowed block (itself or ahead)
         self._trigger = {i for i in range(self.n_blocks)
                          if any(q in self.blocks for q in range(i - self.prefetch, i + 1))}
         self.started = False
-        # stats
-        self.resident_count = 0
-        self.peak_resident = 0
-        self.fetches = 0
-        self.demand_fetches = 0
-        self.bytes_total = 0
-        self._bytes_step = 0
-        self.bytes_last_step = 0
-        self.bytes_steps = 0  # fetched within completed optimizer steps
-        self.steps = 0
+        self.resident_count = self.peak_resident = self.fetches = self.demand_fetches = 0
+        self.bytes_total = self._bytes_step = self.bytes_last_step = self.bytes_steps = self.steps = 0
 
     # ------------------------------------------------------------------------------------------
     # setup
     # ------------------------------------------------------------------------------------------
     def _check_params(self, model: nn.Module) -> None:
-        """Refuse what storage release would silently break: weights shared with anything outside
-        their block, and storages that are not exactly one parameter's own."""
-        by_storage: dict[int, dict[int, str]] = {}  # storage address -> {id(param): name}
+        """Refuse what flowing would silently break: a weight shared with a module outside its block."""
         for name, p in model.named_parameters(remove_duplicate=False):
             blk = self._block_of.get(id(p))
             if blk is not None and not name.startswith(blk.name + "."):
                 raise ConfigError(f"parameter {name} is also a weight of flowed layer {blk.pos} "
                                   f"({blk.name}): a weight shared with another module cannot flow; remove "
                                   f"{blk.pos} from flow_layers")
-            if p.numel() > 0:
-                by_storage.setdefault(p.untyped_storage().data_ptr(), {})[id(p)] = name
+
+    def owns(self, p: torch.Tensor) -> bool:
+        return id(p) in self._block_of
+
+    def segment_of(self, s: ParamSlot) -> int | None:
+        blk = self._block_of.get(id(s.param))
+        return blk.pos if blk is not None else None
+
+    def layouts(self, world: int) -> list[BucketLayout]:
+        """Each flowed block's trainable parameters in buckets of their own, in the usual arrival order
+        (reverse registration), laid out now so the weights can flow from the first step."""
+        out = []
         for blk in self.blocks.values():
-            for p in blk.params:
-                st = p.untyped_storage()
-                sharing = by_storage[st.data_ptr()]
-                if len(sharing) > 1:
-                    raise ConfigError(f"parameters {sorted(sharing.values())} share storage; a flowed "
-                                      f"layer's parameters need storage of their own")
-                if (p.device != self.device.torch_device or p.storage_offset() != 0 or not p.is_contiguous()
-                        or st.nbytes() != p.numel() * p.element_size() or not st.resizable()):
-                    raise ConfigError(f"a parameter of flowed layer {blk.pos} ({blk.name}) is a view or does "
-                                      f"not own a resizable storage on {self.device.type}; weight flow needs "
-                                      f"each parameter to own its storage")
+            members = list(reversed(blk.slots))
+            for positions in pack_whole_tensors([s.numel for s in members], self.cfg.bucket_size):
+                blk.layouts.append(_layout(-1, [members[i] for i in positions], world, blk.pos))
+            out += blk.layouts
+        return out
 
-    def check_layout(self, buckets: list[Bucket]) -> None:
-        """Device tail buckets step their weights on the device; a flowed weight has no device home.
+    def fixed_layouts(self) -> dict[int, list[BucketLayout]]:
+        return {pos: blk.layouts for pos, blk in self.blocks.items()}
 
-        Before the gradient-arrival order is measured (at initialize) the buckets follow a provisional
-        order, and the measured one moves bucket boundaries (the ln1 of block 0 arrives after its
-        matmul weights, for instance). So at initialize the check is conservative: a flowed block
-        conflicts if any of its weights is among the last-arriving parameters that k tail buckets could
-        ever hold (k buckets of at most max(bucket_size, largest parameter) elements). After measuring,
-        the actual tail buckets are checked, which can only fail where that estimate was wrong."""
-        eng = self.eng
-        k = eng.config.device_tail_buckets
+    def check_tail_window(self, order: list[int], k: int, bucket_size: int, measured: bool) -> None:
+        """Device tail buckets keep weights and Adam state on the device; a flowed weight has no device
+        home. Before the arrival order is measured this is conservative: a flowed block conflicts if any
+        of its weights is among the last-arriving parameters that k tail buckets could ever hold."""
         if k == 0:
             return
-        at_risk: dict[int, str] = {}  # flowed layer -> a weight of it
-        for b in buckets:
-            if b.on_device:
-                for s in b.slots:
-                    if id(s.param) in self._block_of:
-                        at_risk.setdefault(self._block_of[id(s.param)].pos, s.name)
-        if not eng.layout_measured:
-            window = k * max(eng.config.bucket_size, max(s.numel for s in eng.slots))
-            for i in reversed(eng.order):
-                if window <= 0:
-                    break
-                s = eng.slots[i]
-                window -= s.numel
-                if id(s.param) in self._block_of:
-                    at_risk.setdefault(self._block_of[id(s.param)].pos, s.name)
+        window = k * max(bucket_size, max(s.numel for s in self.slots))
+        at_risk: dict[int, str] = {}
+        for i in reversed(order):
+            if window <= 0:
+                break
+            s = self.slots[i]
+            window -= s.numel
+            if id(s.param) in self._block_of:
+                at_risk.setdefault(self._block_of[id(s.param)].pos, s.name)
+        self._raise_tail(at_risk, k, measured)
+
+    def check_tail(self, layouts: list[BucketLayout]) -> None:
+        at_risk = {lay.flow_block: lay.slots[0].name for lay in layouts if lay.on_device and lay.flow_block is not None}
+        self._raise_tail(at_risk, self.cfg.device_tail_buckets, measured=True)
+
+    def _raise_tail(self, at_risk: dict[int, str], k: int, measured: bool) -> None:
         if at_risk:
             layers = sorted(at_risk)
-            when = ("after measuring the gradient-arrival order, " if eng.layout_measured else "")
+            when = "after measuring the gradient-arrival order, " if measured else ""
             raise ConfigError(
                 f"{when}device_tail_buckets={k} can put weights of flowed layer(s) {layers} (e.g. "
                 f"{at_risk[layers[0]]}) in a device tail bucket; tail buckets keep weights and Adam state on "
                 f"the device, flowed layers keep their weights on the host. Lower device_tail_buckets (or "
                 f"bucket_size), or remove {layers} from flow_layers")
 
-    def start(self) -> None:
-        """Copy the flowed weights into their host stores, release the device storage, install the hooks.
-        Runs last in the engine's __init__, so a ConfigError never leaves a model with released weights."""
+    def start(self, buckets: list[Bucket]) -> None:
+        """Stores for every flowed block (the buckets' homes; one more for frozen weights), release the
+        device copies, install the hooks. Runs last in the engine's __init__, after every check."""
+        dev = self.device
+        by_layout = {id(b.layout): b for b in buckets}
         for blk in self.blocks.values():
-            by_dtype: dict[torch.dtype, list[nn.Parameter]] = {}
-            for p in blk.params:
-                by_dtype.setdefault(p.dtype, []).append(p)
-            views: dict[int, torch.Tensor] = {}
-            for dtype, ps in by_dtype.items():  # one host allocation per block and dtype
-                flat = self.device.empty_host(sum(p.numel() for p in ps), dtype)
-                off = 0
-                for p in ps:
-                    views[id(p)] = flat[off: off + p.numel()]
-                    off += p.numel()
-            blk.stores = [views[id(p)] for p in blk.params]
-            for p, store in zip(blk.params, blk.stores, strict=True):
-                store.copy_(p.data.reshape(-1))  # synchronous D2H: the store starts as the weights
-                self._store_of[id(p)] = store
-            blk.event = self.device.new_event()
+            for lay in blk.layouts:
+                b = by_layout[id(lay)]
+                flat = dev.empty(lay.padded, b.home.dtype, "flow")
+                blk.stores.append(Store([(s.param, s.offset) for s in lay.slots], lay.padded, b.home, b.lo, b.hi,
+                                        flat, bucket=b))
+            frozen = [p for p in blk.params if id(p) not in {id(s.param) for s in blk.slots}]
+            if frozen:
+                blk.stores.append(self._frozen_store(frozen))
+            blk.event = dev.new_event()
+            for st in blk.stores:
+                for p, off in st.params:
+                    p.data = st.device_flat[off: off + p.numel()].view(p.shape)
             blk.resident = True
             self.resident_count += 1
         for blk in self.blocks.values():
             self._release(blk)
         self.peak_resident = 0
-        model = self.eng.model
-        self._hooks.append(model.register_forward_pre_hook(self._root_pre_forward))
+        self._hooks.append(self.model.register_forward_pre_hook(EngineHook(self._root_pre_forward)))
         for i, m in enumerate(self.modules):
             # block i's hooks fetch blocks i..i+prefetch (forward) and trigger i-prefetch..i (backward)
             if any(q in self.blocks for q in range(i - self.prefetch, i + self.prefetch + 1)):
-                self._hooks.append(m.register_forward_pre_hook(self._pre_forward))
-                self._hooks.append(m.register_forward_hook(self._post_forward))
+                self._hooks.append(m.register_forward_pre_hook(EngineHook(self._pre_forward)))
+                self._hooks.append(m.register_forward_hook(EngineHook(self._post_forward)))
         for blk in self.blocks.values():
-            if blk.tracked:
-                for p in blk.params:
-                    hook = partial(self._on_param_grad, blk)
-                    self._hooks.append(p.register_post_accumulate_grad_hook(hook))
+            for s in blk.slots:
+                hook = EngineHook(partial(self._on_param_grad, blk))
+                self._hooks.append(s.param.register_post_accumulate_grad_hook(hook))
         self.started = True
+
+    def _frozen_store(self, params: list[nn.Parameter]) -> Store:
+        """Frozen weights of a flowed block: whole on every rank (no optimizer state, never all-gathered)."""
+        dev = self.device
+        dtype = params[0].dtype
+        n = sum(p.numel() for p in params)
+        buf = dev.host_buffer(n * params[0].element_size(), pinned=not dev.shares_host_memory, category="transfer")
+        host = buf.view(dtype) if n else torch.empty(0, dtype=dtype)
+        offs, off = [], 0
+        for p in params:
+            host[off: off + p.numel()].copy_(p.data.reshape(-1))
+            offs.append((p, off))
+            off += p.numel()
+        return Store(offs, n, host, 0, n, dev.empty(n, dtype, "flow"))
 
     # ------------------------------------------------------------------------------------------
     # fetch and release
     # ------------------------------------------------------------------------------------------
-    def owns(self, p: torch.Tensor) -> bool:
-        return id(p) in self._block_of
-
-    def _buckets(self, blk: FlowBlock) -> list[Bucket]:
-        # looked up on every fetch: the engine rebuilds its buckets after measuring the arrival order
-        return [self.eng.buckets[i] for i in sorted({s.bucket for s in blk.slots})]
-
     def _fetch(self, blk: FlowBlock, demand: bool) -> bool:
         """Start the H2D copy of a released block. `demand`: the block is needed now, so wait for its
         buckets' host steps; otherwise (a prefetch) skip it rather than stall the training thread."""
         if blk.resident:
             return True
-        buckets = self._buckets(blk)
-        if not all(b.uploaded.is_set() for b in buckets):
-            if not demand:
-                return False
-            for b in buckets:
-                if not b.uploaded.is_set():
-                    self.eng.worker.wait_event(b.uploaded)
+        pending = [st.bucket for st in blk.stores if st.bucket is not None and not st.bucket.uploaded.is_set()]
+        if pending and not demand and not self.comm.active:
+            return False
+        for b in pending:
+            self.worker.wait_event(b.uploaded)
+        dev = self.device
+        cur = dev.current_stream()
         blk.stale = False
-        cur = self.device.current_stream()
-        for p in blk.params:
+        for st in blk.stores:
             # allocated on the compute stream, which frees it again: no cross-stream reuse of the memory
-            p.untyped_storage().resize_(p.numel() * p.element_size())
+            st.device_flat.untyped_storage().resize_(st.padded * st.device_flat.element_size())
+            dev.storage_alloc(st.device_flat, "flow")
         # the memory may have been freed by compute work still queued: copy only after that work
-        self.stream.wait_stream(cur)
-        with self.device.stream(self.stream):
-            for p, store in zip(blk.params, blk.stores, strict=True):
-                p.data.copy_(store.view(p.shape), non_blocking=True)
-            blk.event.record(self.stream)
+        dev.wait_stream(self.stream, cur, "flow fetch: copy waits for compute")
+        with dev.stream(self.stream):
+            for st in blk.stores:
+                st.device_flat[st.lo: st.hi].copy_(st.host, non_blocking=True)
+                if st.bucket is not None:
+                    st.gather = self.comm.all_gather(st.device_flat, st.device_flat[st.lo: st.hi], worker=False)
+            dev.record(blk.event, self.stream, "flow fetch: weights copied")
+        for st in blk.stores:
+            for p, off in st.params:
+                p.data = st.device_flat[off: off + p.numel()].view(p.shape)
         blk.resident = True
         self.resident_count += 1
         self.peak_resident = max(self.peak_resident, self.resident_count)
@@ -306,15 +322,27 @@ class WeightFlow:
         """Make the block present for compute issued from here on (fetching it if it was not)."""
         if not blk.resident:
             self._fetch(blk, demand=True)
-        self.device.current_stream().wait_event(blk.event)
+        self._wait_gathers(blk)
+        self.device.wait_event(self.device.current_stream(), blk.event, "flow use: compute waits for the fetch")
+
+    def _wait_gathers(self, blk: FlowBlock) -> None:
+        for st in blk.stores:
+            if st.gather is not None:
+                self.comm.wait(st.gather)
+                st.gather = None
 
     def _release(self, blk: FlowBlock) -> None:
         if not blk.resident:
             return
+        dev = self.device
+        self._wait_gathers(blk)
         # the H2D into this memory must precede anything that reuses it once it is freed
-        self.device.current_stream().wait_event(blk.event)
-        for p in blk.params:
-            p.untyped_storage().resize_(0)
+        dev.wait_event(dev.current_stream(), blk.event, "flow release: waits for the fetch copy")
+        for st in blk.stores:
+            for p, off in st.params:
+                p.data = st.placeholder(p, off, sharded=st.bucket is not None and self.comm.active)
+            dev.storage_free(st.device_flat, "flow", "flow release")
+            st.device_flat.untyped_storage().resize_(0)
         blk.resident = False
         self.resident_count -= 1
 
@@ -371,7 +399,7 @@ class WeightFlow:
             blk.pending = False
             if not blk.in_backward:
                 blk.in_backward = True
-                blk.grads_left = len(blk.slots) if blk.tracked else -1
+                blk.grads_left = len(blk.slots) if len(blk.slots) == len(blk.params) else -1
         for q in range(pos - 1, max(pos - 1 - self.prefetch, -1), -1):
             b = self.blocks.get(q)
             if b is not None and b.pending:
@@ -386,7 +414,7 @@ class WeightFlow:
                 self._release(blk)
 
     # ------------------------------------------------------------------------------------------
-    # called by the engine
+    # called by the engine and the buckets
     # ------------------------------------------------------------------------------------------
     def begin_backward(self) -> None:
         """Before loss.backward(): prefetch the last blocks of the graph, which backward needs first."""
@@ -406,25 +434,19 @@ class WeightFlow:
         self.bytes_steps += self.bytes_last_step
         self.steps += 1
 
-    def write_host(self, p: torch.Tensor, src: torch.Tensor) -> None:
-        """New weights of a flowed parameter (worker thread, or load_state_dict): into its host store.
-        Its device copy, if resident, is not touched (on the worker it may still be in use by this
-        backward); the block is marked stale and the next forward or materialized() refetches it."""
-        blk = self._block_of[id(p)]
-        blk.event.synchronize()  # (CUDA) an H2D still reading the store must finish before it changes
-        self._store_of[id(p)].copy_(src.reshape(-1))
+    def before_store_write(self, bucket: Bucket) -> None:
+        """A bucket's finalize (worker thread) is about to write its host store: an H2D still reading
+        it must finish first, and a resident copy is stale from now on."""
+        blk = self.blocks[bucket.layout.flow_block]
+        self.device.sync_event(blk.event, "flow store write: waits for fetches reading it")
         blk.stale = True
 
     def reload_resident(self) -> None:
         """After the stores changed outside a step (load_state_dict): refresh resident device copies."""
         for blk in self.blocks.values():
-            if blk.resident and blk.stale:
+            if blk.resident:
                 self._release(blk)
                 self._use(blk)
-
-    def host_weight(self, p: torch.Tensor) -> torch.Tensor:
-        """The host store of a flowed parameter, shaped like it (read it; do not write it)."""
-        return self._store_of[id(p)].view(p.shape)
 
     @contextlib.contextmanager
     def materialized(self) -> Iterator[None]:
@@ -442,10 +464,25 @@ class WeightFlow:
                 if q not in was:
                     self._release(blk)
 
+    def state_dict_entries(self, module: nn.Module, state: dict[str, Any], prefix: str) -> None:
+        """model.state_dict(): flowed weights as copies of their current values (their data between uses
+        is a view of a host store that the next step rewrites, or a meta tensor with several ranks)."""
+        names = {}
+        for n, p in module.named_parameters(remove_duplicate=False):
+            if id(p) in self._block_of:
+                names.setdefault(id(p), []).append(prefix + n)
+        if not names:
+            return
+        with self.materialized():
+            for blk in self.blocks.values():
+                for p in blk.params:
+                    for key in names.get(id(p), []):
+                        if key in state:
+                            state[key] = p.detach().clone()
+
     def close(self) -> None:
         """Remove the hooks and bring the weights back, so the model is a plain module again. If they no
-        longer fit the device, a flowed parameter is left pointing at a host copy (a clear device-mismatch
-        error if it is used on the device, never a read of released memory)."""
+        longer fit the device, a flowed parameter keeps a copy of its host values."""
         for h in self._hooks:
             h.remove()
         self._hooks = []
@@ -459,8 +496,9 @@ class WeightFlow:
                     raise
                 log.warning("weight flow: layer %d does not fit the device after close(); its parameters "
                             "now live on the host", blk.pos)
-                for p, store in zip(blk.params, blk.stores, strict=True):
-                    p.data = store.view(p.shape).clone()  # drops the (partly) resized device storage
+                for st in blk.stores:
+                    for p, off in st.params:
+                        p.data = st.host[off: off + p.numel()].view(p.shape).clone()
                 blk.resident = False
         self.device.synchronize()
         self.started = False

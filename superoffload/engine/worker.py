@@ -1,10 +1,14 @@
-"""The host worker: one native thread that runs bucket tasks (GraceAdam steps and uploads) in order.
+"""The host worker: one native thread that runs bucket tasks (host Adam steps and uploads) in order.
 
 The kernel releases the GIL (ctypes calls drop it), so the training thread keeps driving the device
 while the host steps. Tasks run strictly in submission order, which is what makes per-bucket ordering
-(speculate -> commit -> next step's landing) safe without more locks. A task that raises poisons
+(speculate -> finalize -> next step's landing) safe without more locks. A task that raises poisons
 the worker: the exception is kept, every waiter is released, and the training thread re-raises it
 at its next engine call (`check()`), so a failure is never silent and never a hang.
+
+Hand-offs between the threads are also happens-before edges for the simulated device: a task runs
+after everything the submitting thread did before `submit`, and `drain` returns after everything the
+tasks did.
 """
 
 from __future__ import annotations
@@ -13,6 +17,9 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
+
+from superoffload.device import Device
 
 
 class HostWorkerError(RuntimeError):
@@ -20,11 +27,13 @@ class HostWorkerError(RuntimeError):
 
 
 class HostWorker:
-    def __init__(self, name: str = "superoffload-host") -> None:
-        self._q: queue.SimpleQueue[tuple[Callable[[], None], str] | None] = queue.SimpleQueue()
+    def __init__(self, device: Device, name: str = "superoffload-host") -> None:
+        self._device = device
+        self._q: queue.SimpleQueue[tuple[Callable[[], None], str, Any] | None] = queue.SimpleQueue()
         self._error: BaseException | None = None
         self._error_task = ""
         self._pending = 0
+        self._done_token: Any = None
         self._cv = threading.Condition()
         self._waiters: list[threading.Event] = []  # released on failure so nobody blocks forever
         self.busy_s = 0.0
@@ -32,21 +41,25 @@ class HostWorker:
         self._thread.start()
 
     def _loop(self) -> None:
+        dev = self._device
         while True:
             item = self._q.get()
             if item is None:
                 return
-            fn, label = item
+            fn, label, token = item
             if self._error is None:
                 t0 = time.perf_counter()
                 try:
-                    fn()
+                    dev.worker_acquire(token)
+                    with dev.tracking(host_thread=True):
+                        fn()
                 except BaseException as e:  # noqa: BLE001 - surfaced in the training thread
                     self._error, self._error_task = e, label
                     for ev in self._waiters:
                         ev.set()
                 self.busy_s += time.perf_counter() - t0
             with self._cv:
+                self._done_token = dev.worker_release()
                 self._pending -= 1
                 self._cv.notify_all()
 
@@ -54,22 +67,33 @@ class HostWorker:
         """An event the training thread may block on; set on failure so the block ends."""
         self._waiters.append(ev)
 
+    def unregister_waiter(self, ev: threading.Event) -> None:
+        if ev in self._waiters:
+            self._waiters.remove(ev)
+
     def submit(self, fn: Callable[[], None], label: str = "") -> None:
         self.check()
         with self._cv:
             self._pending += 1
-        self._q.put((fn, label))
+        self._q.put((fn, label, self._device.worker_release()))
+
+    @property
+    def failed(self) -> bool:
+        return self._error is not None
 
     def check(self) -> None:
         if self._error is not None:
             raise HostWorkerError(f"host worker task {self._error_task!r} failed: "
                                   f"{type(self._error).__name__}: {self._error}") from self._error
 
-    def drain(self) -> None:
+    def drain(self, check: bool = True) -> None:
         """Block until every submitted task has run, then re-raise a failure if there was one."""
         with self._cv:
             self._cv.wait_for(lambda: self._pending == 0)
-        self.check()
+            token = self._done_token
+        self._device.worker_acquire(token)
+        if check:
+            self.check()
 
     def wait_event(self, ev: threading.Event) -> None:
         """Wait for an event set by a task, without hanging if the worker died."""
@@ -82,4 +106,4 @@ class HostWorker:
     def close(self) -> None:
         if self._thread.is_alive():
             self._q.put(None)
-            self._thread.join(timeout=10)
+            self._thread.join(timeout=60)

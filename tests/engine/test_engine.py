@@ -167,7 +167,8 @@ def test_device_tail_buckets_report_memory():
                              1, batches())
     st = engine.stats
     assert st["buckets_device"] == 2
-    assert st["device_tail_bytes"] == 16 * st["device_tail_params"]  # fp32 grad + master + m + v
+    # fp32 grad + master + m + v per element of the tail buckets' flat buffers (padded to 16 elements)
+    assert 16 * st["device_tail_params"] <= st["device_tail_bytes"] <= 16 * (st["device_tail_params"] + 2 * 16)
     with pytest.raises(ConfigError, match="budget"):
         superoffload.initialize(make_model(), {"bucket_size": 30_000, "device_tail_buckets": 2,
                                                "hbm_budget_bytes": 1000})

@@ -1,0 +1,138 @@
+"""The CUDA backend: real streams and events, page-locked host transfer buffers, torch kernels.
+
+Host transfer buffers are one exact-size allocation each, page-locked with `cudaHostRegister`: torch's
+caching host allocator (`pin_memory=True`) rounds every block up to a power of two
+(c10/core/CachingHostAllocator.h), which costs up to 2x on large buckets. Where registration is not
+available the buffer falls back to `pin_memory=True` and the ledger records the rounded size.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+
+from superoffload.device.base import Device, _nbytes
+from superoffload.device.kernels import TorchKernels
+
+
+def _pow2_ceil(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+class CudaDevice(Device):
+    kind = "cuda"
+    shares_host_memory = False
+
+    def __init__(self, index: int | None = None, hbm_budget_bytes: int | None = None) -> None:
+        idx = torch.cuda.current_device() if index is None else index
+        super().__init__(torch.device("cuda", idx), hbm_budget_bytes)
+        self.kernels = TorchKernels()
+        self._registered: dict[int, int] = {}
+
+    def _default_hbm_budget(self) -> int:
+        return int(torch.cuda.get_device_properties(self.torch_device).total_memory)
+
+    def name(self) -> str:
+        return torch.cuda.get_device_name(self.torch_device)
+
+    # --- streams and events ------------------------------------------------------------------------
+    def new_stream(self, name: str) -> torch.cuda.Stream:
+        return torch.cuda.Stream(self.torch_device)
+
+    def current_stream(self) -> torch.cuda.Stream:
+        return torch.cuda.current_stream(self.torch_device)
+
+    @contextlib.contextmanager
+    def stream(self, stream: torch.cuda.Stream) -> Iterator[None]:
+        with torch.cuda.stream(stream):
+            yield
+
+    def new_event(self) -> torch.cuda.Event:
+        return torch.cuda.Event()
+
+    def record(self, event: torch.cuda.Event, stream: torch.cuda.Stream, point: str) -> None:
+        event.record(stream)
+
+    def wait_event(self, stream: torch.cuda.Stream, event: torch.cuda.Event, point: str) -> None:
+        stream.wait_event(event)
+
+    def wait_stream(self, stream: torch.cuda.Stream, other: torch.cuda.Stream, point: str) -> None:
+        stream.wait_stream(other)
+
+    def sync_event(self, event: torch.cuda.Event, point: str) -> None:
+        event.synchronize()
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize(self.torch_device)
+
+    # --- memory ------------------------------------------------------------------------------------
+    def release_grad(self, grad: torch.Tensor, read_on: Sequence[Any]) -> None:
+        for s in read_on:
+            grad.record_stream(s)
+        super().release_grad(grad, read_on)
+
+    def host_buffer(self, nbytes: int, pinned: bool, category: str) -> torch.Tensor:
+        if not pinned:
+            return super().host_buffer(nbytes, pinned, category)
+        buf = torch.empty(max(nbytes, 1), dtype=torch.uint8)
+        try:
+            err = torch.cuda.cudart().cudaHostRegister(buf.data_ptr(), buf.numel(), 0)
+            ok = int(err) == 0
+        except (AttributeError, RuntimeError):
+            ok = False
+        if ok:
+            self._registered[buf.data_ptr()] = buf.numel()
+            self.ledger.host_alloc("pinned", category, nbytes, buf.numel())
+            return buf
+        buf = torch.empty(max(nbytes, 1), dtype=torch.uint8, pin_memory=True)
+        self.ledger.host_alloc("pinned", category, nbytes, _pow2_ceil(nbytes))  # the caching allocator's block
+        return buf
+
+    def free_host_buffer(self, buf: torch.Tensor, pinned: bool, category: str) -> None:
+        if not pinned:
+            return super().free_host_buffer(buf, pinned, category)
+        size = self._registered.pop(buf.data_ptr(), None)
+        if size is not None:
+            torch.cuda.cudart().cudaHostUnregister(buf.data_ptr())
+            self.ledger.host_free("pinned", category, buf.numel(), size)
+        else:
+            self.ledger.host_free("pinned", category, buf.numel(), _pow2_ceil(buf.numel()))
+
+    # --- reporting ---------------------------------------------------------------------------------
+    def reset_peak_memory(self) -> None:
+        super().reset_peak_memory()
+        torch.cuda.reset_peak_memory_stats(self.torch_device)
+
+    def peak_memory_bytes(self) -> int | None:
+        return int(torch.cuda.max_memory_allocated(self.torch_device))
+
+    def memory_report(self) -> dict[str, Any]:
+        """The ledger's categories, with activations = the allocator's peak minus the categories the
+        engine accounts for at that peak (CUDA's allocator sees everything; the ledger sees ours)."""
+        rep = super().memory_report()
+        peak = self.peak_memory_bytes() or 0
+        ours = sum(v for k, v in rep["device_at_peak"].items() if k != "activations")
+        rep["device_at_peak"]["activations"] = max(0, peak - ours)
+        rep["device_peak_bytes"] = peak
+        return rep
+
+
+def sync_debug_mode(mode: str) -> contextlib.AbstractContextManager[None]:
+    """torch.cuda.set_sync_debug_mode around a block (device checks on a GPU)."""
+
+    @contextlib.contextmanager
+    def _cm() -> Iterator[None]:
+        old = torch.cuda.get_sync_debug_mode()
+        torch.cuda.set_sync_debug_mode(mode)
+        try:
+            yield
+        finally:
+            torch.cuda.set_sync_debug_mode(old)
+
+    return _cm()
+
+
+__all__ = ["CudaDevice", "sync_debug_mode", "_nbytes"]

@@ -1,0 +1,201 @@
+"""The engine's checkpoint format: per-parameter optimizer state, as each rank owns it.
+
+A rank owns one contiguous element range of each parameter (its shard of the parameter's bucket meets
+the parameter in one range, possibly empty); `state_dict()` holds, per parameter name, that range and
+the fp32 master, moments and step count over it. So the format does not depend on how parameters are
+packed into buckets, and:
+- resuming at the same world size loads each rank's own dict (bit-exact: the saved arrival order
+  rebuilds the same buckets, so even the norm's summation order is the same);
+- resuming at another world size loads the list of every rank's dicts (or the one dict of a
+  single-rank run) and each rank takes its new ranges from the assembled tensors;
+- `param_state(...)` assembles full per-parameter tensors from one or all ranks' dicts (tests, export).
+
+Version-1 dicts (whole parameters, written before sharding existed) load as one rank's full ranges.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from superoffload.engine.engine import SuperOffloadEngine
+
+log = logging.getLogger(__name__)
+
+VERSION = 2
+STATE_KEYS = ("master", "exp_avg", "exp_avg_sq", "max_exp_avg_sq")
+
+
+def _owned(eng: SuperOffloadEngine) -> dict[int, tuple[int, int, dict[str, torch.Tensor]]]:
+    """slot index -> (start, end, {state key: tensor over [start, end)}) for the slots in buckets."""
+    out: dict[int, tuple[int, int, dict[str, torch.Tensor]]] = {}
+    for b in [*eng.buckets, *(b for b in eng._flow_buckets if b not in eng.buckets)]:
+        src = b.tail if b.tail is not None else {k: getattr(b.host, k) for k in STATE_KEYS}
+        for s in b.slots:
+            a, e = max(s.offset, b.lo), min(s.offset + s.numel, b.hi)
+            if a >= e:
+                a = e = 0
+            out[s.index] = (a - s.offset, e - s.offset,
+                            {k: t[a - b.lo: e - b.lo] for k, t in src.items() if t is not None and k in STATE_KEYS})
+    return out
+
+
+def engine_state_dict(eng: SuperOffloadEngine) -> dict[str, Any]:
+    if eng._backward_done:
+        raise RuntimeError("state_dict() was called between backward() and step(): this step's gradients are "
+                           "already in the engine's buffers; call engine.step() first, then save")
+    eng.synchronize()
+    owned = _owned(eng)
+    params = {}
+    for s in eng.slots:
+        if s.index in owned:
+            a, e, ts = owned[s.index]
+            entry: dict[str, Any] = {k: t.detach().to("cpu").clone() for k, t in ts.items()}
+        else:  # before the layout is measured: the full master, moments not started
+            a, e = 0, s.numel
+            entry = {"master": eng._pending_master[s.index].clone(),
+                     "exp_avg": torch.zeros(s.numel), "exp_avg_sq": torch.zeros(s.numel)}
+        entry.update(range=(a, e), numel=s.numel, shape=tuple(s.param.shape), step=eng.steps[s.index])
+        params[s.name] = entry
+    sd: dict[str, Any] = {
+        "version": VERSION, "world_size": eng.comm.world, "rank": eng.comm.rank, "params": params,
+        "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in eng.optimizer.param_groups],
+        "loss_scale": eng.loss_scale.state_dict(), "global_step": eng.global_step, "micro": eng.micro,
+        # the measured gradient-arrival order, so a resumed run builds the same buckets
+        "arrival_order": [eng.slots[i].name for i in eng.order], "layout_measured": eng.layout_measured,
+    }
+    if eng.micro % eng.config.grad_accum:
+        # mid-accumulation: the gradients of this rank's micro-batches so far (a resume continues the window)
+        sd["partial_grads"] = {s.name: s.param.grad.detach().to("cpu").clone()
+                               for s in eng.slots if s.param.grad is not None}
+    return sd
+
+
+def _as_list(sd: dict[str, Any] | Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    sds = [sd] if isinstance(sd, dict) else list(sd)
+    if not sds:
+        raise ValueError("no state_dict given")
+    out = []
+    for d in sds:
+        v = d.get("version")
+        if v == 1:  # whole parameters, one rank
+            params = {n: {**e, "range": (0, e["master"].numel()), "numel": e["master"].numel(),
+                          "shape": tuple(e["master"].shape)} for n, e in d["params"].items()}
+            d = {**d, "version": VERSION, "world_size": 1, "rank": 0, "params": params}
+        elif v != VERSION:
+            raise ValueError(f"unsupported engine state_dict version {v!r} (this engine reads 1 and {VERSION})")
+        out.append(d)
+    return out
+
+
+def param_state(sd: dict[str, Any] | Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Full per-parameter state {name: {master, exp_avg, exp_avg_sq[, max_exp_avg_sq], step}} assembled
+    from one rank's dict (world size 1) or every rank's; raises if some elements are missing."""
+    sds = _as_list(sd)
+    out: dict[str, dict[str, Any]] = {}
+    for name in sds[0]["params"]:
+        first = sds[0]["params"][name]
+        numel, shape = first["numel"], tuple(first["shape"])
+        keys = [k for k in STATE_KEYS if k in first]
+        full = {k: torch.empty(numel) for k in keys}
+        covered = torch.zeros(numel, dtype=torch.bool)
+        for d in sds:
+            e = d["params"][name]
+            a, b = e["range"]
+            for k in keys:
+                full[k][a:b] = e[k].reshape(-1)
+            covered[a:b] = True
+        if not bool(covered.all()):
+            raise ValueError(f"the state_dicts given do not cover all of {name}; pass every rank's state_dict")
+        out[name] = {**{k: v.view(shape) for k, v in full.items()}, "step": int(first["step"])}
+    return out
+
+
+def load_engine_state_dict(eng: SuperOffloadEngine, sd: dict[str, Any] | Sequence[dict[str, Any]]) -> None:
+    sds = _as_list(sd)
+    names = {s.name for s in eng.slots}
+    saved = set(sds[0]["params"])
+    missing, unexpected = names - saved, saved - names
+    if missing or unexpected:
+        raise ValueError(f"state_dict does not match the model: missing {sorted(missing)[:5]}, "
+                         f"unexpected {sorted(unexpected)[:5]}")
+    if len(sds[0]["param_groups"]) != len(eng.optimizer.param_groups):
+        raise ValueError(f"state_dict has {len(sds[0]['param_groups'])} param groups, the engine has "
+                         f"{len(eng.optimizer.param_groups)}")
+    for s in eng.slots:
+        saved_shape = tuple(sds[0]["params"][s.name]["shape"])
+        if saved_shape != tuple(s.param.shape):
+            raise ValueError(f"{s.name}: shape {saved_shape} in state_dict, {tuple(s.param.shape)} in the model")
+    same_rank = len(sds) == 1 and sds[0]["world_size"] == eng.comm.world and sds[0]["rank"] == eng.comm.rank
+    if not same_rank and len(sds) == 1 and sds[0]["world_size"] != 1:
+        raise ValueError(f"this state_dict is rank {sds[0]['rank']} of {sds[0]['world_size']}; the engine is rank "
+                         f"{eng.comm.rank} of {eng.comm.world}: pass the list of every rank's state_dicts to "
+                         f"re-shard")
+    if "partial_grads" in sds[0] and not same_rank:
+        raise ValueError("this checkpoint was saved mid-accumulation (it holds partial gradients, which are per "
+                         "rank): resume it at the same world size, or save after step()")
+    eng.synchronize()
+    by_name = {s.name: s.index for s in eng.slots}
+    order = [by_name[n] for n in sds[0].get("arrival_order", [])]
+    measured = bool(sds[0].get("layout_measured", False)) and sorted(order) == list(range(len(eng.slots)))
+    if measured and not eng.layout_measured:
+        eng._build_layout(order)
+    elif measured and order != eng.order:
+        log.warning("resuming into a different bucket layout than the checkpoint's: the state is exact, but the "
+                    "gradient norm is summed in another order, so clipping may differ in the last bits")
+    full = param_state(sds) if not same_rank else None
+    _write_state(eng, sds[0] if same_rank else None, full)
+    for s in eng.slots:
+        eng.steps[s.index] = int(sds[0]["params"][s.name]["step"])
+    for g, saved_g in zip(eng.optimizer.param_groups, sds[0]["param_groups"], strict=True):
+        g.update(saved_g)
+    eng.loss_scale.load_state_dict(sds[0]["loss_scale"])
+    eng.global_step, eng.micro = int(sds[0]["global_step"]), int(sds[0]["micro"])
+    with torch.no_grad():
+        for s in eng.slots:
+            s.param.grad = None
+        for name, g in sds[0].get("partial_grads", {}).items():
+            p = eng.slots[by_name[name]].param
+            p.grad = g.to(device=p.device, dtype=p.dtype)
+    eng._versions = eng._weight_versions()
+
+
+def _write_state(eng: SuperOffloadEngine, own: dict[str, Any] | None, full: dict[str, dict] | None) -> None:
+    """Optimizer state into this rank's ranges (from its own dict, or from assembled full tensors), and
+    the weights from the masters: each rank casts its shard, then the bucket is all-gathered."""
+    owned = _owned(eng)
+    with torch.no_grad():
+        for s in eng.slots:
+            if s.index not in owned:  # before the layout: the pending master is the whole parameter
+                src = own["params"][s.name] if own is not None else full[s.name]
+                eng._pending_master[s.index] = src["master"].reshape(-1).to(torch.float32).clone()
+                s.param.data.copy_(eng._pending_master[s.index].view(s.param.shape))
+                continue
+            a, e, ts = owned[s.index]
+            for k, t in ts.items():
+                if own is not None:
+                    entry = own["params"][s.name]
+                    if tuple(entry["range"]) != (a, e):
+                        raise ValueError(f"{s.name}: the checkpoint's range {entry['range']} is not this rank's "
+                                         f"{(a, e)}; pass every rank's state_dict to re-shard")
+                    src_t = entry.get(k)
+                else:
+                    src_t = full[s.name].get(k)
+                    src_t = None if src_t is None else src_t.reshape(-1)[a:e]
+                if src_t is None:
+                    raise ValueError(f"{s.name}: the checkpoint has no {k} (was it saved with amsgrad off?)")
+                t.copy_(src_t.reshape(-1))
+        for b in [*eng.buckets, *(b for b in eng._flow_buckets if b not in eng.buckets)]:
+            master = b.tail["master"] if b.tail is not None else b.host.master
+            b.home_shard().copy_(master)
+            if not b.flowed:
+                b.gather = eng.comm.all_gather(b.home, b.home_shard(), worker=False)
+                eng.comm.wait(b.gather)
+                b.gather = None
+    if eng.flow is not None:
+        eng.flow.reload_resident()
+    eng.device.synchronize()
