@@ -18,12 +18,12 @@ from superoffload.planner.flops import (
     step_hardware_flops,
     step_model_flops,
 )
-from superoffload.planner.hardware import ADAM_BYTES_PER_PARAM, HardwareProfile
+from superoffload.planner.hardware import ADAM_BYTES_PER_PARAM, HardwareProfile, shape_signature, workload_key
 from superoffload.planner.memory import (
     ADAM_STATE,
     BF16,
-    EXACT_EXTRA_HOST_BYTES,
     FP32,
+    ROLLBACK_EXTRA_HOST_BYTES,
     MemoryEstimate,
     activation_bytes,
     logits_bytes,
@@ -139,8 +139,6 @@ def _block_gemms(shape, tokens: int) -> list[tuple[int, int, int]]:
 def profiled_compute(w: Workload, hw: HardwareProfile) -> dict[str, Any] | None:
     """The profile's measured compute for this workload (calibrate --workloads), or None when it has
     none whose shape signature and dtype match."""
-    from superoffload.planner.calibrate_compute import shape_signature, workload_key
-
     entry = (hw.compute_profiles or {}).get(workload_key(w.shape.name, w.seq, w.batch))
     if entry is None or entry.get("shape") != shape_signature(w.shape):
         return None
@@ -196,8 +194,8 @@ class _Builder:
         self.w, self.hw, self.spec = w, hw, spec
         self.c = _Costs(w, hw)
         self.g = Graph()
-        bucket = w.shape.block_params() if spec.all_layers_stream else spec.bucket_params
-        self.groups = bk.bucket_groups(w.shape, bucket, spec.tail_buckets)
+        bucket = w.shape.block_params() if spec.all_layers_stream else spec.bucket_size
+        self.groups = bk.bucket_groups(w.shape, bucket, spec.device_tail_buckets)
         self.layers = w.shape.layers
         self.stream = set(range(self.layers)) if spec.all_layers_stream else set(spec.flow_layers)
         self.marks: list[_IterMarks] = []
@@ -210,7 +208,8 @@ class _Builder:
     def _fetch(self, it: int, layer: int, deps: list[int], slot_users: list[int], tag: str) -> list[int]:
         s = self.spec
         params = self.w.shape.block_params()
-        slot_free = slot_users[-s.prefetch_depth] if len(slot_users) >= s.prefetch_depth else None
+        slots = s.flow_prefetch + 1  # the layer in use and those fetched ahead
+        slot_free = slot_users[-slots] if len(slot_users) >= slots else None
         t = self.c.link("h2d", params, s.fetch_bytes, 1)
         f = self.g.add(f"it{it}.fetch_{tag}{layer}", H2D, t, deps + [slot_free], "weight_fetch", it)
         if s.fetch_device_cast:
@@ -334,12 +333,12 @@ class _Builder:
                 step_ops.append(op)
                 continue
             deps = [p["ready"]] + ([validate] if s.host_waits_backward else [])
-            t = (hw.host_adam_seconds(grp.params, s.adam_kind, s.spec_extra_bytes)
+            t = (hw.host_adam_seconds(grp.params, s.host_optimizer, s.spec_extra_bytes)
                  + grp.real_buckets * hw.sync_latency_s)
             adam = g.add(f"it{it}.hadam{p['j']}", HOST, t, deps, "host_adam", it)
             step_ops.append(adam)
             if s.commit_bytes:
-                commit_t = grp.params * s.commit_bytes / (hw.host_adam_gbps[s.adam_kind] * 1e9)
+                commit_t = grp.params * s.commit_bytes / (hw.host_adam_gbps[s.host_optimizer] * 1e9)
                 step_ops.append(g.add(f"it{it}.commit{p['j']}", HOST, commit_t, [adam, validate],
                                       "host_commit", it))
             adams.append((p["j"], adam))
@@ -386,11 +385,11 @@ class _Builder:
         step() runs the optimizer synchronously, it comes after the whole step."""
         s, g, sh, hw = self.spec, self.g, self.w.shape, self.hw
         ops = []
-        opt_t = ov.optimizer_overhead_s(sh, hw, s.clipping) if s.adam_kind == "torch" else 0.0
+        opt_t = ov.optimizer_overhead_s(sh, hw, s.clipping) if s.host_optimizer == "torch" else 0.0
         if opt_t > 0:
             res = COMPUTE if s.device_only else HOST
             ops.append(g.add(f"it{it}.opt_overhead", res, opt_t, [validate], "optimizer_overhead", it))
-        buckets = ov.engine_buckets(sh, s.bucket_params) if s.name == "superoffload" else 0
+        buckets = ov.engine_buckets(sh, s.bucket_size) if s.name == "superoffload" else 0
         sys_t = ov.system_step_overhead_s(s.name, sh, hw, buckets)
         if sys_t > 0:
             after = [validate] + (step_ops + ops if s.forward_waits_all else [])
@@ -402,10 +401,10 @@ class _Builder:
 
 
 # ------------------------------------------------------------------------------------------ memory
-def flow_slots(prefetch_depth: int, flowed_layers: int) -> int:
-    """Device buffers of flowed layers at peak: ``prefetch_depth`` (= the engine's flow_prefetch + 1:
-    the block in use plus those fetched ahead), but no more than there are flowed layers."""
-    return min(prefetch_depth, flowed_layers)
+def flow_slots(flow_prefetch: int, flowed_layers: int) -> int:
+    """Device buffers of flowed layers at peak: ``flow_prefetch + 1`` (the block in use plus those
+    fetched ahead), but no more than there are flowed layers."""
+    return min(flow_prefetch + 1, flowed_layers)
 
 
 def estimate_memory(w: Workload, hw: HardwareProfile, spec: SystemSpec, opts: Options) -> MemoryEstimate:
@@ -427,11 +426,11 @@ def estimate_memory(w: Workload, hw: HardwareProfile, spec: SystemSpec, opts: Op
         m.device["adam_mv"] = 2 * FP32 * n
         m.device["autocast_bf16_weights"] = BF16 * n
         return m
-    _, tail = bk.split_params(sh, spec.tail_buckets, spec.bucket_params)
+    _, tail = bk.split_params(sh, spec.device_tail_buckets, spec.bucket_size)
     streamed = layer * len(spec.flow_layers)
     if spec.all_layers_stream:
         # two layers in flight: fp32 staging + bf16 copy, plus one layer's fp32 and bf16 grads
-        m.device["layer_buffers"] = spec.prefetch_depth * layer * (FP32 + BF16) + layer * (FP32 + BF16)
+        m.device["layer_buffers"] = (spec.flow_prefetch + 1) * layer * (FP32 + BF16) + layer * (FP32 + BF16)
         m.device["params_bf16_resident"] = BF16 * (n - layer * sh.layers)  # embedding/head stay
         m.host["params_fp32"] = FP32 * n
         m.host["grads_fp32"] = FP32 * n
@@ -441,10 +440,10 @@ def estimate_memory(w: Workload, hw: HardwareProfile, spec: SystemSpec, opts: Op
     if streamed:
         # the engine holds at most 1 + flow_prefetch flowed blocks at once, never more than flow
         # (its weight_flow stats: peak_resident_blocks)
-        m.device["flow_prefetch_slots"] = flow_slots(spec.prefetch_depth, len(spec.flow_layers)) * BF16 * layer
+        m.device["flow_prefetch_slots"] = flow_slots(spec.flow_prefetch, len(spec.flow_layers)) * BF16 * layer
         m.host["flow_bf16_copy"] = BF16 * streamed
     m.device["tail_optimizer_state"] = (ADAM_STATE + BF16) * tail
-    bucket = min(spec.bucket_params, n)
+    bucket = min(spec.bucket_size, n)
     m.device["layer_grads_bf16"] = BF16 * layer  # a block's grads before they are bucketed
     in_flight = 2  # buckets being cast / copied at once
     m.device["grad_staging"] = in_flight * bucket * (BF16 + (FP32 if spec.grad_device_cast else 0))
@@ -455,7 +454,7 @@ def estimate_memory(w: Workload, hw: HardwareProfile, spec: SystemSpec, opts: Op
     # gradients stay on the host until validation (speculation may have to redo the step)
     m.host["grads_fp32"] = FP32 * host_params
     if spec.name == "superoffload":
-        m.host["exactness"] = EXACT_EXTRA_HOST_BYTES[opts.exact_mode] * host_params if opts.speculation else 0
+        m.host["exactness"] = ROLLBACK_EXTRA_HOST_BYTES[opts.rollback_mode] * host_params if opts.speculation else 0
         m.host["slabs"] = 2 * in_flight * bucket * FP32
     return m
 
@@ -502,10 +501,10 @@ def _summarise(system: str, w: Workload, hw: HardwareProfile, opts: Options, spe
         tokens_per_s=tokens / period, tflops=model_flops / period / 1e12,
         mfu=model_flops / period / hw.device_peak_flops, hfu=hw_flops / period / hw.device_peak_flops,
         peak_hbm_bytes=mem.device_total, host_bytes=mem.host_total, fits=fits, memory=mem.to_dict(),
-        options={"bucket_params": spec.bucket_params, "tail_buckets": spec.tail_buckets,
-                 "adam_kind": spec.adam_kind, "speculation": not spec.host_waits_backward,
+        options={"bucket_size": spec.bucket_size, "device_tail_buckets": spec.device_tail_buckets,
+                 "host_optimizer": spec.host_optimizer, "speculation": not spec.host_waits_backward,
                  "flow_layers": sorted(spec.flow_layers),
-                 "cast": "device" if spec.grad_device_cast else ("host" if spec.grad_host_cast else "none"),
+                 "grad_cast": "device" if spec.grad_device_cast else ("host" if spec.grad_host_cast else None),
                  "activation_checkpointing": w.activation_checkpointing,
                  "compute": "profiled" if b.c.profiled is not None else "op-model"},
         notes=list(spec.notes))

@@ -27,12 +27,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from superoffload.shapes import ModelShape
+
 GB = 1e9
 GiB = 2**30
 MB = 2**20
 
 ADAM_BYTES_PER_PARAM = 28  # fp32 AdamW: read p, g, m, v; write p, m, v
 CAST_BYTES_PER_ELEM = 6  # bf16 <-> fp32: 2 bytes one side, 4 the other
+
+# Host Adam kernel names of profiles written by earlier releases -> today's `host_optimizer` names (read
+# for one more release; docs/cost_model.md, "Field names").
+LEGACY_HOST_OPTIMIZERS = {"graceadam": "grace"}
 
 # Transfer sizes the presets and the calibration tabulate (1 MiB .. 1 GiB, factors of 4).
 CURVE_SIZES = [MB * 4**i for i in range(6)]
@@ -100,7 +106,7 @@ class HardwareProfile:
     device_hbm_bytes: int
     device_hbm_gbps: float
     device_cast_gbps: float  # cast traffic GB/s on the device (6 B/elem)
-    host_adam_gbps: dict[str, float]  # kind -> effective GB/s at 28 B/param
+    host_adam_gbps: dict[str, float]  # host_optimizer (grace | torch | cpuadam) -> effective GB/s at 28 B/param
     host_cores: int
     host_memory_bytes: int
     host_cast_gbps: float  # cast traffic GB/s on the host (6 B/elem)
@@ -128,21 +134,21 @@ class HardwareProfile:
     optimizer_tensor_s: float | None = None  # per parameter tensor: clip_grad_norm_ + fused AdamW + zero_grad
     clip_gbps: float | None = None  # global-norm clipping traffic at 12 B/param (norm read, scale read+write)
     # per system: the step machinery (hooks, flattening, communication layer, the engine's per-bucket
-    # work) outside the modelled ops, measured on a degenerate model (calibrate_systems.py) as
+    # work) outside the modelled ops, measured on a degenerate model (superoffload/calibrate/systems.py) as
     # {"fixed_s", "per_layer_s", "per_tensor_s", "per_bucket_s", "per_param_s" (+ "per_param_raw_s")}
     system_step_s: dict[str, dict[str, float]] | None = None
-    # profiled compute of named workloads (calibrate --workloads; calibrate_compute.py): per
+    # profiled compute of named workloads (calibrate --workloads; superoffload/calibrate/compute.py): per
     # "MODEL:sSEQ:bBATCH", the forward/backward seconds of one block and of the rest of the harness's
     # model, with the shape signature and dtype they were measured at. Used instead of the op-level terms
     # for a workload whose shape and dtype match; None in the presets.
     compute_profiles: dict[str, dict[str, Any]] | None = None
 
     # --- derived rates ---------------------------------------------------------------------------
-    def host_adam_seconds(self, params: float, kind: str, extra_bytes_per_param: float = 0.0) -> float:
+    def host_adam_seconds(self, params: float, host_optimizer: str, extra_bytes_per_param: float = 0.0) -> float:
         try:
-            gbps = self.host_adam_gbps[kind]
+            gbps = self.host_adam_gbps[host_optimizer]
         except KeyError:
-            raise ValueError(f"profile {self.name!r} has no host Adam rate for {kind!r}; "
+            raise ValueError(f"profile {self.name!r} has no host Adam rate for {host_optimizer!r}; "
                              f"has {sorted(self.host_adam_gbps)}") from None
         return params * (ADAM_BYTES_PER_PARAM + extra_bytes_per_param) / (gbps * GB)
 
@@ -166,6 +172,8 @@ class HardwareProfile:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> HardwareProfile:
         d = dict(d)
+        if isinstance(d.get("host_adam_gbps"), dict):  # profiles written before the shared vocabulary
+            d["host_adam_gbps"] = {LEGACY_HOST_OPTIMIZERS.get(k, k): v for k, v in d["host_adam_gbps"].items()}
         for key in ("h2d_pinned", "d2h_pinned", "h2d_pageable", "d2h_pageable", "matmul_curve", "attention_curve"):
             if d.get(key) is not None:
                 d[key] = LinkCurve(**d[key])
@@ -182,6 +190,18 @@ class HardwareProfile:
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> HardwareProfile:
         return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+def workload_key(model: str, seq: int, batch: int) -> str:
+    """The key of a workload in ``HardwareProfile.compute_profiles``."""
+    return f"{model}:s{seq}:b{batch}"
+
+
+def shape_signature(shape: ModelShape) -> str:
+    """What must match for a ``compute_profiles`` entry to apply (a name alone may be reused with other
+    sizes)."""
+    return (f"{shape.family}:L{shape.layers}:h{shape.hidden}:f{shape.ffn_hidden}:a{shape.heads}:"
+            f"kv{shape.n_kv_heads}:V{shape.vocab}:g{int(shape.gated_mlp)}:t{int(shape.tied_embeddings)}")
 
 
 def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:
