@@ -31,8 +31,8 @@ from superoffload.planner.hardware import (
     CAST_BYTES_PER_ELEM,
     GB,
     MB,
+    Curve,
     HardwareProfile,
-    LinkCurve,
 )
 from superoffload.planner.overhead import CLIP_BYTES_PER_PARAM
 from superoffload.planner.presets import ADAM_8B_SECONDS, ATTENTION_FACTOR, MATMUL_EFFICIENCY
@@ -85,7 +85,7 @@ def _cold_matmul_flops(device: str, dtype: torch.dtype, n: int, repeats: int, sy
 
 
 def _matmul_curve(device: str, dtype: torch.dtype, quick: bool, sync: Callable[[], None],
-                  pool_bytes: int = 64 * MB) -> LinkCurve:
+                  pool_bytes: int = 64 * MB) -> Curve:
     """Achieved GFLOP/s of one square GEMM call vs its FLOPs, cold operands: small GEMMs run far below
     peak (and below their hot-cache rate)."""
     sizes = (64, 256, 1024) if quick else (32, 64, 128, 256, 512, 1024, 2048)
@@ -94,7 +94,7 @@ def _matmul_curve(device: str, dtype: torch.dtype, quick: bool, sync: Callable[[
         f = 2.0 * n**3
         flops.append(int(f))
         rates.append(_cold_matmul_flops(device, dtype, n, 5 if n <= 256 else 3, sync, pool_bytes) / 1e9)
-    return LinkCurve(flops, rates)
+    return Curve(flops, rates)
 
 
 def _elementwise_gbps(device: str, sync: Callable[[], None]) -> float:
@@ -213,7 +213,7 @@ def _attention_bwd_ratio(device: str, dtype: torch.dtype, sync: Callable[[], Non
     return max(0.5, (t_both - t_fwd) / t_fwd)
 
 
-def _attention_curve(device: str, dtype: torch.dtype, quick: bool, sync: Callable[[], None]) -> LinkCurve:
+def _attention_curve(device: str, dtype: torch.dtype, quick: bool, sync: Callable[[], None]) -> Curve:
     """Achieved GFLOP/s of one causal SDPA forward vs its FLOPs (2·b·heads·s²·head_dim, the cost model's
     count): like GEMMs, short sequences run far below the large-kernel rate."""
     if device == "cpu":
@@ -228,7 +228,7 @@ def _attention_curve(device: str, dtype: torch.dtype, quick: bool, sync: Callabl
                   5 if s <= 256 else 3, sync)
         flops.append(int(f))
         rates.append(f / t / 1e9)
-    return LinkCurve(flops, rates)
+    return Curve(flops, rates)
 
 
 def _attention_factor(device: str, dtype: torch.dtype, quick: bool, matmul: float,
@@ -354,7 +354,7 @@ def _cpu_profile(quick: bool, systems: bool = True) -> HardwareProfile:
         dst = torch.empty_like(src)
         reps = 10 if s <= 16 * MB else (2 if quick else 5)  # small copies are cheap but noisy
         gbps.append(s / _best(functools.partial(dst.copy_, src), reps) / GB)
-    memcpy = LinkCurve(sizes, gbps)
+    memcpy = Curve(sizes, gbps)
     cast = _cast_gbps("cpu", 2**22 if quick else 2**25, lambda: None)
     adam, notes = _adam_rates(quick)
     notes.append(f"matmul fp32 {fp32 / 1e9:.1f} GFLOP/s, bf16 {bf16 / 1e9:.1f} GFLOP/s at n={n}, "
@@ -381,7 +381,7 @@ def _cpu_profile(quick: bool, systems: bool = True) -> HardwareProfile:
         **_overhead_fields("cpu", quick, systems, lambda: None, notes))
 
 
-def _cuda_link(direction: str, pinned: bool, sizes: list[int], repeats: int) -> LinkCurve:
+def _cuda_link(direction: str, pinned: bool, sizes: list[int], repeats: int) -> Curve:
     sync = torch.cuda.synchronize
     gbps = []
     for s in sizes:
@@ -389,7 +389,7 @@ def _cuda_link(direction: str, pinned: bool, sizes: list[int], repeats: int) -> 
         dev = torch.empty(s, dtype=torch.uint8, device="cuda")
         dst, src = (dev, host) if direction == "h2d" else (host, dev)
         gbps.append(s / _best(functools.partial(dst.copy_, src, non_blocking=pinned), repeats, sync) / GB)
-    return LinkCurve(sizes, gbps)
+    return Curve(sizes, gbps)
 
 
 def _cuda_profile(quick: bool, systems: bool = True) -> HardwareProfile:

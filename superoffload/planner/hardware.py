@@ -45,22 +45,27 @@ CURVE_SIZES = [MB * 4**i for i in range(6)]
 
 
 @dataclass
-class LinkCurve:
-    """GB/s of one host<->device copy as a function of its size in bytes."""
+class Curve:
+    """A measured rate as a function of the size of one operation, interpolated in log(size).
+
+    For a link (``h2d_pinned``, ...): GB/s of one host<->device copy vs its size in bytes. For a compute
+    curve (``matmul_curve``, ``attention_curve``): GFLOP/s of one call vs its FLOPs. The field names are
+    the link's (``sizes``, ``gbps``), as profile JSON files store them.
+    """
 
     sizes: list[int]
     gbps: list[float]
 
     def __post_init__(self) -> None:
         if not self.sizes or len(self.sizes) != len(self.gbps):
-            raise ValueError("LinkCurve needs equally long, non-empty sizes and gbps lists")
+            raise ValueError("Curve needs equally long, non-empty sizes and gbps lists")
         if any(b <= a for a, b in zip(self.sizes, self.sizes[1:], strict=False)):
-            raise ValueError("LinkCurve sizes must be strictly increasing")
+            raise ValueError("Curve sizes must be strictly increasing")
         if any(g <= 0 for g in self.gbps):
-            raise ValueError("LinkCurve bandwidths must be positive")
+            raise ValueError("Curve rates must be positive")
 
     def bandwidth(self, nbytes: float) -> float:
-        """GB/s for a transfer of ``nbytes`` (log-size interpolation, clamped at the ends)."""
+        """The rate at size ``nbytes`` (log-size interpolation, clamped at the ends)."""
         if nbytes <= self.sizes[0]:
             return self.gbps[0]
         if nbytes >= self.sizes[-1]:
@@ -80,7 +85,7 @@ class LinkCurve:
 
     @classmethod
     def latency_bandwidth(cls, peak_gbps: float, latency_s: float,
-                          sizes: list[int] | None = None) -> LinkCurve:
+                          sizes: list[int] | None = None) -> Curve:
         """The curve of a link with a fixed per-copy cost: bw(s) = s / (latency + s / peak).
 
         Used by the presets, which have a spec'd peak but no published size sweep.
@@ -90,16 +95,19 @@ class LinkCurve:
                    gbps=[s / (latency_s + s / (peak_gbps * GB)) / GB for s in sizes])
 
 
+LinkCurve = Curve  # the name of earlier releases
+
+
 @dataclass
 class HardwareProfile:
     """One device + its host, as the cost model sees them."""
 
     name: str
     source: str  # "preset: ..." or "calibrated on <host> at <time>"
-    h2d_pinned: LinkCurve
-    d2h_pinned: LinkCurve
-    h2d_pageable: LinkCurve
-    d2h_pageable: LinkCurve
+    h2d_pinned: Curve
+    d2h_pinned: Curve
+    h2d_pageable: Curve
+    d2h_pageable: Curve
     device_matmul_flops: float  # achievable bf16 dense matmul FLOP/s (large GEMMs)
     device_peak_flops: float  # vendor dense bf16 peak, the denominator of MFU/HFU
     attention_factor: float  # attention kernels run at this fraction of device_matmul_flops
@@ -116,16 +124,16 @@ class HardwareProfile:
     device_is_host: bool = False  # "cpu" profile: the device is the CPU and the link is a memcpy
     notes: list[str] = field(default_factory=list)
     # Small-op realism, measured by `calibrate` (None in the presets, which then model GEMMs and
-    # attention at large-GEMM speed only): achieved GFLOP/s of one GEMM call vs its FLOPs (a LinkCurve
+    # attention at large-GEMM speed only): achieved GFLOP/s of one GEMM call vs its FLOPs (a Curve
     # whose "sizes" are FLOPs and "gbps" GFLOP/s), streaming GB/s of elementwise ops (norms, GELU,
     # residual adds, the loss), and the dispatch cost of one small op.
-    matmul_curve: LinkCurve | None = None
+    matmul_curve: Curve | None = None
     elementwise_gbps: float | None = None
     op_overhead_s: float | None = None
     attention_bwd_ratio: float | None = None  # SDPA backward time / forward time (None: 2, like GEMMs)
-    # achieved GFLOP/s of one causal SDPA forward vs its FLOPs (a LinkCurve like matmul_curve); None:
+    # achieved GFLOP/s of one causal SDPA forward vs its FLOPs (a Curve like matmul_curve); None:
     # attention at attention_factor x device_matmul_flops whatever its size
-    attention_curve: LinkCurve | None = None
+    attention_curve: Curve | None = None
     # Framework overhead, measured by `calibrate` with microbenchmarks of their own (None in the presets:
     # no public spec gives them, and on a large GPU model they are noise; profiles without them keep
     # the model above). Counts (modules, parameter tensors) come from the model structure (overhead.py).
@@ -160,7 +168,7 @@ class HardwareProfile:
         gbps = self.host_cast_gbps if on_host else self.device_cast_gbps
         return elems * CAST_BYTES_PER_ELEM / (gbps * GB)
 
-    def link(self, direction: str, pinned: bool = True) -> LinkCurve:
+    def link(self, direction: str, pinned: bool = True) -> Curve:
         if direction not in ("h2d", "d2h"):
             raise ValueError(f"direction must be 'h2d' or 'd2h', not {direction!r}")
         return getattr(self, f"{direction}_{'pinned' if pinned else 'pageable'}")
@@ -176,7 +184,7 @@ class HardwareProfile:
             d["host_adam_gbps"] = {LEGACY_HOST_OPTIMIZERS.get(k, k): v for k, v in d["host_adam_gbps"].items()}
         for key in ("h2d_pinned", "d2h_pinned", "h2d_pageable", "d2h_pageable", "matmul_curve", "attention_curve"):
             if d.get(key) is not None:
-                d[key] = LinkCurve(**d[key])
+                d[key] = Curve(**d[key])
         known = set(cls.__dataclass_fields__)
         unknown = set(d) - known
         if unknown:

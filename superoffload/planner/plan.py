@@ -147,18 +147,7 @@ def make_plan(shape: ModelShape, seq: int, batch: int, hardware: HardwareProfile
                    f"({hw.host_adam_gbps[kind] * 1e9 / 28 / 1e9:.2f} Gparam/s at 28 B/param).")
 
     # 1. bucket size from the link curve, bounded by pipelining and staging memory
-    sat = saturating_bucket_bytes(hw)
-    bucket = max(1, sat // 4)  # fp32 gradient elements (device-cast policy moves 4 B/param)
-    bound_pipe = max(1, n // MIN_BUCKETS)
-    bound_mem = max(1, int(STAGING_SHARE * budget / (2 * (BF16 + 4) + 2 * 4)))
-    chosen = min(bucket, bound_pipe, bound_mem)
-    reasons.append(
-        f"Bucket: {sat / MB:.0f} MiB is the smallest copy reaching {LINK_SATURATION:.0%} of the link peak "
-        f"(D2H {hw.link('d2h').peak():.0f} GB/s, {hw.link('d2h').bandwidth(sat):.0f} GB/s at that size) "
-        f"= {bucket / 1e6:.1f}M fp32 params"
-        + (f"; capped to {chosen / 1e6:.1f}M so there are >= {MIN_BUCKETS} buckets and staging stays "
-           f"under {STAGING_SHARE:.0%} of HBM" if chosen < bucket else "") + ".")
-    bucket = chosen
+    bucket = _choose_bucket(n, hw, budget, reasons)
 
     # 2. host memory and rollback mode
     opts = Options(bucket_size=bucket, host_optimizer=kind, grad_accum=grad_accum)
@@ -169,19 +158,8 @@ def make_plan(shape: ModelShape, seq: int, batch: int, hardware: HardwareProfile
     flow = _choose_flow(w, hw, opts, budget, reasons)
     opts = replace(opts, flow_layers=tuple(flow))
 
-    # 4. casting policy, by the cost model
-    preds = {c: predict("superoffload", w, hw, replace(opts, grad_cast=c, param_cast=c)) for c in ("device", "host")}
-    cast = min(preds, key=lambda c: (preds[c].step_time_s, c != "device"))
-    link_bw = hw.link("d2h").bandwidth(sat)
-    # bytes / (GB/s) is nanoseconds; x1e3 gives picoseconds per parameter
-    dev_ps = (6 / hw.device_cast_gbps + 4 / link_bw) * 1e3
-    host_ps = (2 / link_bw + 6 / hw.host_cast_gbps) * 1e3
-    reasons.append(
-        f"Casting: {cast}. Per gradient param, device cast + fp32 copy costs {dev_ps:.1f} ps "
-        f"(cast {hw.device_cast_gbps:.0f} GB/s, link {link_bw:.0f} GB/s) vs bf16 copy + "
-        f"host cast {host_ps:.1f} ps (host cast {hw.host_cast_gbps:.0f} GB/s, on the pool that also runs "
-        f"Adam); predicted step {preds['device'].step_time_s * 1e3:.1f} ms (device) vs "
-        f"{preds['host'].step_time_s * 1e3:.1f} ms (host).")
+    # 4. casting, by the cost model
+    cast = _choose_cast(w, hw, opts, reasons)
     opts = replace(opts, grad_cast=cast, param_cast=cast)
 
     # 5. device tail buckets: minimise the step under the HBM budget
@@ -190,8 +168,7 @@ def make_plan(shape: ModelShape, seq: int, batch: int, hardware: HardwareProfile
 
     # 6. speculation: it uses a host that would otherwise wait for backward; when the device *is* the
     # host there is no idle processor, and the speculative pass plus the deferred commit cost cores
-    # that backward needs (measured on gpt-small, 2 cores: 1.22x the torch step with speculation,
-    # 1.09x without; benchmarks/engine_bench.py overhead [-o speculation=true]). Both give the same bits.
+    # that backward needs (docs/cost_model.md, planner step 7, has the measurement). Both give the same bits.
     speculation = not hw.device_is_host
     if not speculation:
         reasons.append("Speculation: off: the device is the host, so there is no idle host to overlap "
@@ -204,6 +181,41 @@ def make_plan(shape: ModelShape, seq: int, batch: int, hardware: HardwareProfile
                 device_tail_buckets=tail, grad_cast=cast, param_cast=cast, flow_layers=list(flow),
                 host_optimizer=kind, rollback_mode=rollback, speculation=speculation, hbm_budget_bytes=budget,
                 grad_accum=grad_accum, flow_prefetch=opts.flow_prefetch, predicted=pred, reasons=reasons)
+
+
+def _choose_bucket(params: int, hw: HardwareProfile, budget: float, reasons: list[str]) -> int:
+    """Elements per bucket: the smallest copy that saturates the link, capped so there are at least
+    MIN_BUCKETS buckets to pipeline and the staging buffers stay under STAGING_SHARE of the HBM budget."""
+    sat = saturating_bucket_bytes(hw)
+    bucket = max(1, sat // 4)  # fp32 gradient elements (device-cast policy moves 4 B/param)
+    bound_pipe = max(1, params // MIN_BUCKETS)
+    bound_mem = max(1, int(STAGING_SHARE * budget / (2 * (BF16 + 4) + 2 * 4)))
+    chosen = min(bucket, bound_pipe, bound_mem)
+    reasons.append(
+        f"Bucket: {sat / MB:.0f} MiB is the smallest copy reaching {LINK_SATURATION:.0%} of the link peak "
+        f"(D2H {hw.link('d2h').peak():.0f} GB/s, {hw.link('d2h').bandwidth(sat):.0f} GB/s at that size) "
+        f"= {bucket / 1e6:.1f}M fp32 params"
+        + (f"; capped to {chosen / 1e6:.1f}M so there are >= {MIN_BUCKETS} buckets and staging stays "
+           f"under {STAGING_SHARE:.0%} of HBM" if chosen < bucket else "") + ".")
+    return chosen
+
+
+def _choose_cast(w: Workload, hw: HardwareProfile, opts: Options, reasons: list[str]) -> str:
+    """Where bf16 <-> fp32 casts run, the same side for gradients and parameters: both are simulated and
+    the faster wins (a tie goes to the device)."""
+    preds = {c: predict("superoffload", w, hw, replace(opts, grad_cast=c, param_cast=c)) for c in ("device", "host")}
+    cast = min(preds, key=lambda c: (preds[c].step_time_s, c != "device"))
+    link_bw = hw.link("d2h").bandwidth(saturating_bucket_bytes(hw))
+    # bytes / (GB/s) is nanoseconds; x1e3 gives picoseconds per parameter
+    dev_ps = (6 / hw.device_cast_gbps + 4 / link_bw) * 1e3
+    host_ps = (2 / link_bw + 6 / hw.host_cast_gbps) * 1e3
+    reasons.append(
+        f"Casting: {cast}. Per gradient param, device cast + fp32 copy costs {dev_ps:.1f} ps "
+        f"(cast {hw.device_cast_gbps:.0f} GB/s, link {link_bw:.0f} GB/s) vs bf16 copy + "
+        f"host cast {host_ps:.1f} ps (host cast {hw.host_cast_gbps:.0f} GB/s, on the pool that also runs "
+        f"Adam); predicted step {preds['device'].step_time_s * 1e3:.1f} ms (device) vs "
+        f"{preds['host'].step_time_s * 1e3:.1f} ms (host).")
+    return cast
 
 
 def check_feasible(shape: ModelShape, seq: int, batch: int, hardware: HardwareProfile,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from superoffload.planner.hardware import ADAM_BYTES_PER_PARAM, GiB, HardwareProfile, LinkCurve
+from superoffload.planner.hardware import ADAM_BYTES_PER_PARAM, Curve, GiB, HardwareProfile
 
 # GraceAdam microbenchmark (the authors' table in the DeepSpeed SuperOffload blog,
 # github.com/deepspeedai/DeepSpeed blogs/deepspeed-superoffload/images/superoffload_grace_adam.png, 8B row):
@@ -51,9 +51,9 @@ MATMUL_EFFICIENCY = 750e12 / 989e12
 ATTENTION_FACTOR = 335e12 / 750e12
 
 
-def _links(peak_gbps: float) -> dict[str, LinkCurve]:
-    pinned = LinkCurve.latency_bandwidth(peak_gbps * LINK_EFFICIENCY, COPY_LATENCY_S)
-    pageable = LinkCurve.latency_bandwidth(min(PAGEABLE_GBPS, peak_gbps * LINK_EFFICIENCY), COPY_LATENCY_S)
+def _links(peak_gbps: float) -> dict[str, Curve]:
+    pinned = Curve.latency_bandwidth(peak_gbps * LINK_EFFICIENCY, COPY_LATENCY_S)
+    pageable = Curve.latency_bandwidth(min(PAGEABLE_GBPS, peak_gbps * LINK_EFFICIENCY), COPY_LATENCY_S)
     return {"h2d_pinned": pinned, "d2h_pinned": pinned,
             "h2d_pageable": pageable, "d2h_pageable": pageable}
 
@@ -127,7 +127,7 @@ def cpu() -> HardwareProfile:
     (8 x 32 fp32 FLOP/cycle x 3e9 = 768 GFLOP/s peak). Meant for CI; calibrate replaces it.
     """
     mem_gbps = 2 * 38.4
-    memcpy = LinkCurve.latency_bandwidth(STREAM_EFFICIENCY * mem_gbps / 2, 2e-6)  # copy reads + writes
+    memcpy = Curve.latency_bandwidth(STREAM_EFFICIENCY * mem_gbps / 2, 2e-6)  # copy reads + writes
     peak = 8 * 32 * 3e9
     return HardwareProfile(
         name="cpu",

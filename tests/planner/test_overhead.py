@@ -10,7 +10,7 @@ import pytest
 from superoffload.harness.models import build_model
 from superoffload.planner import overhead as ov
 from superoffload.planner.costmodel import Workload, _Costs, predict
-from superoffload.planner.hardware import HardwareProfile, LinkCurve
+from superoffload.planner.hardware import Curve, HardwareProfile
 from superoffload.planner.presets import get_profile
 from superoffload.planner.systems import Options
 from superoffload.shapes import ModelShape, get_shape
@@ -52,7 +52,7 @@ def test_packed_buckets_match_the_engine_layout(model: str, bucket: int) -> None
 # ------------------------------------------------------------------------------- cost-model terms
 def _small_op_profile(**extra) -> HardwareProfile:
     base = get_profile("cpu")
-    return dataclasses.replace(base, matmul_curve=LinkCurve([10**5, 10**9], [1.0, 100.0]),
+    return dataclasses.replace(base, matmul_curve=Curve([10**5, 10**9], [1.0, 100.0]),
                                elementwise_gbps=10.0, op_overhead_s=4e-6, attention_bwd_ratio=2.5, **extra)
 
 
@@ -132,7 +132,7 @@ def test_attention_curve_term_hand_computed() -> None:
     from superoffload.planner.flops import layer_forward_flops
 
     hw0 = _small_op_profile()
-    hw = dataclasses.replace(hw0, attention_curve=LinkCurve([10**6, 10**8], [10.0, 50.0]))
+    hw = dataclasses.replace(hw0, attention_curve=Curve([10**6, 10**8], [10.0, 50.0]))
     w = Workload(TOY, 32, 2, activation_checkpointing=False)
     flops = layer_forward_flops(TOY, 32, 2).attention  # 2·b·s²·h = 262144: below the curve, clamped
     assert attention_seconds(hw, flops) == pytest.approx(flops / 10e9)
