@@ -31,13 +31,11 @@ ROLLBACK_RATE = 93 / 79000
 GPU_UTIL = {"zero_offload": 0.5, "superoffload": 0.8}
 
 
-def kernel_key(name: str) -> str | None:
-    """Map an implementation name from a microbenchmark to the paper table's column."""
-    n = name.lower().replace("_", "-")
-    if "grace" in n or n in ("ga", "fused"):
-        return "grace-adam"
-    if "cpuadam" in n.replace("-", "") or "deepspeed" in n or n.startswith("ds"):
-        return "cpu-adam"
-    if "torch" in n or n.startswith("pt") or "pytorch" in n:
-        return "pt-cpu"
-    return None
+# The paper's GraceAdam table's columns, by the kernel names of `superoffload bench adam`
+# (superoffload/harness/adam_bench.schema.json); PT-CPU is torch's CPU Adam, either implementation.
+ADAM_KERNEL_COLUMN = {
+    "grace_adam": "grace-adam",
+    "deepspeed_cpu_adam": "cpu-adam",
+    "torch_fused": "pt-cpu",
+    "torch_foreach": "pt-cpu",
+}

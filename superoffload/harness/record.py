@@ -63,22 +63,28 @@ def _upgrade(obj: Any, kind: str) -> Any:
     return obj
 
 
+def parse_result(obj: Any, kind: str, name: str = "result") -> dict[str, Any]:
+    """``obj`` (parsed JSON of a file called ``name``) as a valid result of ``kind``, or ResultFileError."""
+    obj = _upgrade(obj, kind)
+    try:
+        validate(obj, kind)
+    except jsonschema.ValidationError as e:
+        raise ResultFileError(f"{name} does not follow superoffload/harness/{SCHEMA_FILES[kind]}: "
+                              f"at {_where(e)}: {e.message}") from None
+    return obj
+
+
 def read_result(path: str | os.PathLike, kind: str) -> dict[str, Any]:
     """Read and validate a result file of ``kind``; raise ResultFileError saying what is wrong where.
     ``FileNotFoundError`` passes through unchanged (a missing file is not a broken one)."""
     path = Path(path)
     try:
-        obj = _upgrade(json.loads(path.read_text()), kind)
+        obj = json.loads(path.read_text())
     except FileNotFoundError:
         raise
     except (OSError, ValueError) as e:
         raise ResultFileError(f"{path.name}: unreadable: {type(e).__name__}: {e}") from None
-    try:
-        validate(obj, kind)
-    except jsonschema.ValidationError as e:
-        raise ResultFileError(f"{path.name} does not follow superoffload/harness/{SCHEMA_FILES[kind]}: "
-                              f"at {_where(e)}: {e.message}") from None
-    return obj
+    return parse_result(obj, kind, path.name)
 
 
 def write_result(path: str | os.PathLike, obj: dict[str, Any], kind: str) -> None:
