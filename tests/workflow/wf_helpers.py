@@ -119,3 +119,30 @@ def _adam_bench(kernels: dict[str, float] | None = None, numel: int = 4194304, t
                            for k, (g, t) in host.items()},
         }],
     }
+
+
+def complete_results(results_dir: Path, records: dict[str, dict] | None = None) -> Path:
+    """Make `snakemake all` on ``results_dir`` have nothing to do, without running any job: every output
+    exists (run and ablation records are ok records; ``records`` replaces some, by path relative to the
+    sweep's folder), then `--touch` records them as up to date. Returns the sweep's folder."""
+    import json
+
+    cfg = ("--config", f"results_dir={results_dir}")
+    summary = snakemake("--summary", "all", *cfg).stdout.splitlines()[1:]
+    outputs = [Path(line.split("\t")[0]) for line in summary if line.strip()]
+    res = next(p for p in outputs if p.name == "report.html").parent
+    for p in outputs:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        rel = p.relative_to(res).as_posix()
+        if p.suffix == "":
+            p.mkdir(exist_ok=True)
+        elif (records or {}).get(rel) is not None:
+            p.write_text(json.dumps(records[rel]))
+        elif rel.startswith("runs/"):
+            p.write_text(json.dumps(_record(p.parent.name)))
+        elif rel.startswith("ablation/") and p.name != "variants.json":
+            p.write_text(json.dumps(_record("superoffload")))
+        else:
+            p.write_text("{}")
+    snakemake("all", "--touch", "--cores", "1", *cfg)
+    return res
