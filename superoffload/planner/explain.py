@@ -82,14 +82,27 @@ def format_plan(plan: Plan, shape: ModelShape) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
+    """Every user error is one line on stderr and exit status 2."""
     try:
-        print(explain(args.model, args.seq, args.batch, args.hardware,
-                      activation_checkpointing=not args.no_checkpointing, json=args.json,
-                      hbm_budget=args.hbm_budget_gb * GB if args.hbm_budget_gb else None))
+        for name in ("seq", "batch"):
+            if getattr(args, name) < 1:
+                raise ValueError(f"--{name} must be a positive integer, got {getattr(args, name)}")
+        if args.hbm_budget_gb is not None and not args.hbm_budget_gb > 0:
+            raise ValueError(f"--hbm-budget-gb must be > 0, got {args.hbm_budget_gb}")
+        text = explain(args.model, args.seq, args.batch, args.hardware,
+                       activation_checkpointing=not args.no_checkpointing, json=args.json,
+                       hbm_budget=args.hbm_budget_gb * GB if args.hbm_budget_gb else None)
     except PlanInfeasible as e:
-        print(f"infeasible: {e}", file=sys.stderr)
-        return 2
+        return _fail("infeasible", e)
+    except ValueError as e:  # unknown model or hardware, a bad profile file, a bad number
+        return _fail("error", e)
+    print(text)
     return 0
+
+
+def _fail(kind: str, e: Exception) -> int:
+    print(f"superoffload explain: {kind}: " + " ".join(str(e).split()), file=sys.stderr)
+    return 2
 
 
 def add_cli(subparsers: argparse._SubParsersAction) -> None:

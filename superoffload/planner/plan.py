@@ -34,7 +34,13 @@ FULL_COPY_MIN_GAIN = 0.01  # full_copy costs 12 B/param of host memory: take it 
 
 
 class PlanInfeasible(ValueError):
-    """The request cannot fit; the message gives bytes needed vs available and what would help."""
+    """The request cannot fit; the message gives bytes needed vs available and what would help, and
+    ``memory`` ("host" or "device"), ``need_bytes`` and ``available_bytes`` say it as data."""
+
+    def __init__(self, message: str, memory: str = "", need_bytes: float = 0.0,
+                 available_bytes: float = 0.0) -> None:
+        super().__init__(message)
+        self.memory, self.need_bytes, self.available_bytes = memory, need_bytes, available_bytes
 
 
 # The plan's fields that are engine config keys (all in superoffload.options.SHARED_KEYS)
@@ -114,6 +120,12 @@ def _legacy_plan_fields(d: dict[str, Any]) -> dict[str, Any]:
     return d
 
 
+def _check_workload(seq: int, batch: int, grad_accum: int) -> None:
+    for name, value in (("seq", seq), ("batch", batch), ("grad_accum", grad_accum)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
 def _gb(x: float) -> str:
     return f"{x / GB:.1f} GB"
 
@@ -137,6 +149,7 @@ def make_plan(shape: ModelShape, seq: int, batch: int, hardware: HardwareProfile
               activation_checkpointing: bool = True, hbm_budget: float | None = None,
               grad_accum: int = 1, host_optimizer: str | None = None) -> Plan:
     """Choose flow layers, bucket size, device tail, casting and rollback mode."""
+    _check_workload(seq, batch, grad_accum)
     hw = hardware
     w = Workload(shape, seq, batch, activation_checkpointing)
     budget = float(hw.device_hbm_bytes if hbm_budget is None else hbm_budget)
@@ -222,6 +235,7 @@ def check_feasible(shape: ModelShape, seq: int, batch: int, hardware: HardwarePr
                    activation_checkpointing: bool = True, hbm_budget: float | None = None,
                    grad_accum: int = 1) -> None:
     """Raise PlanInfeasible if no plan fits memory (the memory half of ``make_plan``, no simulation)."""
+    _check_workload(seq, batch, grad_accum)
     hw = hardware
     w = Workload(shape, seq, batch, activation_checkpointing)
     budget = float(hw.device_hbm_bytes if hbm_budget is None else hbm_budget)
@@ -263,7 +277,8 @@ def _choose_rollback_mode(w: Workload, hw: HardwareProfile, opts: Options, reaso
     raise PlanInfeasible(
         f"{w.shape.name}: host memory needs {need:.3e} bytes ({_gb(need)}, ~{per_param:.1f} B/param for fp32 "
         f"master, Adam m and v and gradients) but {hw.name} has {cap:.3e} bytes ({_gb(cap)}) usable. "
-        f"It would fit with a model of at most ~{cap / per_param / 1e9:.1f}B params or more host memory.")
+        f"It would fit with a model of at most ~{cap / per_param / 1e9:.1f}B params or more host memory.",
+        "host", need, cap)
 
 
 def _prefer_full_copy(w: Workload, hw: HardwareProfile, opts: Options, pred: Prediction,
@@ -330,7 +345,8 @@ def _raise_hbm(w: Workload, hw: HardwareProfile, opts: Options, budget: float) -
     hints.append("a shorter sequence or a larger HBM budget")
     raise PlanInfeasible(
         f"{sh.name} seq {w.seq} batch {w.batch}: device memory needs {need:.3e} bytes ({_gb(need)}) but the "
-        f"budget is {budget:.3e} bytes ({_gb(budget)}). Would help: " + "; ".join(hints) + ".")
+        f"budget is {budget:.3e} bytes ({_gb(budget)}). Would help: " + "; ".join(hints) + ".",
+        "device", need, budget)
 
 
 def _choose_tail(w: Workload, hw: HardwareProfile, opts: Options, budget: float,

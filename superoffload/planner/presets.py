@@ -161,6 +161,10 @@ def get_profile(name_or_path: str | Path | HardwareProfile) -> HardwareProfile:
     if key in PRESETS:
         return PRESETS[key]()
     path = Path(key)
-    if path.is_file():
+    if not path.is_file():
+        raise ValueError(f"unknown hardware {key!r}: not a preset ({', '.join(PRESETS)}) and not a file")
+    try:
         return HardwareProfile.load(path)
-    raise ValueError(f"unknown hardware {key!r}: not a preset ({', '.join(PRESETS)}) and not a file")
+    except (OSError, ValueError, TypeError) as e:  # unreadable, not JSON, or not a profile's fields
+        raise ValueError(f"hardware profile {key}: not a profile written by `superoffload calibrate` "
+                         f"({type(e).__name__}: {e})") from None

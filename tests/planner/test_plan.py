@@ -132,3 +132,37 @@ def test_full_copy_chosen_only_where_it_fits_and_wins():
     # where the commit pass hides under the next forward, the 12 B/param are not worth it
     assert make_plan(get_shape("gpt-5b"), 1024, 8, replace(hw, host_memory_bytes=2 * hw.host_memory_bytes)
                      ).rollback_mode == "deferred"
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["--model", "gpt-nope"], "error: unknown model 'gpt-nope'"),
+    (["--hardware", "tpu-v9"], "error: unknown hardware 'tpu-v9'"),
+    (["--seq", "0"], "error: --seq must be a positive integer, got 0"),
+    (["--batch", "-2"], "error: --batch must be a positive integer, got -2"),
+    (["--hbm-budget-gb", "0"], "error: --hbm-budget-gb must be > 0"),
+    (["--model", "gpt-200b", "--seq", "1024"], "infeasible: gpt-200b: host memory needs"),
+])
+def test_explain_user_errors_are_one_line_and_exit_2(capsys, argv, says) -> None:
+    from superoffload.cli.main import main
+
+    assert main(["explain", *argv]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and err.startswith("superoffload explain: ")
+    assert says in err
+
+
+def test_explain_rejects_a_file_that_is_not_a_profile(capsys, tmp_path) -> None:
+    from superoffload.cli.main import main
+
+    for name, text in (("garbage.json", "not json"), ("partial.json", '{"name": "x"}'), ("list.json", "[1, 2]")):
+        path = tmp_path / name
+        path.write_text(text)
+        assert main(["explain", "--hardware", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"hardware profile {path}: not a profile" in err
+
+
+def test_make_plan_rejects_a_non_positive_workload() -> None:
+    for seq, batch in ((0, 1), (1024, 0)):
+        with pytest.raises(ValueError, match="must be a positive integer"):
+            make_plan(get_shape("gpt-1b"), seq, batch, get_profile("gh200"))
