@@ -1,4 +1,4 @@
-"""Pieces every baseline adapter shares: option checking, dtypes, the process group for world size 1.
+"""Pieces every baseline adapter shares: option checking, the process group for world size 1.
 
 Nothing here imports DeepSpeed, so ``validate`` stays cheap and a missing DeepSpeed only breaks the
 DeepSpeed adapters.
@@ -11,14 +11,11 @@ import os
 import socket
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
 # Re-exported for the adapters: the option check lives with the harness's reference system, so that every
 # system, baseline or not, rejects unknown `-o` keys the same way.
 from superoffload.harness.systems.torch_system import parse_options  # noqa: F401
-
-DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def as_bool(key: str, value: Any) -> bool:

@@ -13,9 +13,8 @@ import torch
 
 from superoffload.device import get_device
 from superoffload.harness.system import Batch, RunConfig
+from superoffload.options import torch_dtype
 from superoffload.shapes import ModelShape
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 # Keys the harness itself puts into run.system_options (the CLI's --data / --data-dtype); every system
 # accepts them although they mean nothing to the system.
@@ -66,7 +65,7 @@ class TorchSystem:
         self.run = run
         self.device = get_device(run.device)
         self.model = model.to(self.device.torch_device)
-        self.dtype = DTYPES[run.dtype]
+        self.dtype = torch_dtype(run.dtype)
         self.autocast = run.dtype != "fp32"
         self.opt = torch.optim.AdamW(split_decay_groups(self.model, run.weight_decay), lr=run.lr,
                                      betas=run.betas, eps=run.eps,
