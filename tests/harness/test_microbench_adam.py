@@ -87,3 +87,24 @@ def test_files_from_before_the_schema_are_still_read(tmp_path):
     rec = record.read_result(tmp_path / "adam.json", "adam_bench")
     assert rec["kind"] == "adam_bench" and rec["created_utc"] == "2026-01-01T00:00:00+00:00"
     assert "benchmark" not in rec and "date" not in rec
+
+
+def test_bench_adam_says_it_builds_deepspeed_and_clears_a_dead_build(tmp_path, monkeypatch, capsys):
+    """Before the workers load DeepSpeedCPUAdam: one line about the build, and a lock with no live owner
+    (left by a killed build) is removed instead of hanging the workers. Nothing is built here."""
+    pytest.importorskip("deepspeed")
+    from deepspeed.git_version_info import installed_ops
+
+    from superoffload.harness.microbench import adam
+
+    if installed_ops.get("cpu_adam"):
+        pytest.skip("this DeepSpeed ships cpu_adam prebuilt: nothing to build")
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setenv("SUPEROFFLOAD_DS_LOCK_STALE_S", "0")
+    (tmp_path / "cpu_adam").mkdir()
+    (tmp_path / "cpu_adam" / "lock").touch()
+    adam._prepare_deepspeed()
+    err = capsys.readouterr().err
+    assert "removed the stale build lock" in err and not (tmp_path / "cpu_adam" / "lock").exists()
+    assert "building DeepSpeed's CPU op cpu_adam" in err and "first use takes ~1-2 min" in err
+    assert not list(tmp_path.rglob("*.so"))
