@@ -124,7 +124,7 @@ def paper_comparison(hardware: str | HardwareProfile = "gh200") -> list[dict[str
         rows.append(_row("abstract", "fig10 sweep, max", "superoffload/zero_offload", round(max(r), 2),
                          2.5, "V", "paper: 'up to 2.5x' vs SOTA offloading; its setting is MISSING"))
         rows.append(_row("fig10", "fig10 sweep, mean", "superoffload/zero_offload",
-                         round(sum(r) / len(r), 2), 2.0, "S", "'~2x average over ZeRO-Offload' (S9)"))
+                         round(sum(r) / len(r), 2), 2.0, "S", "'~2x average over ZeRO-Offload' (secondary summary)"))
     # GPU utilisation claim (~50% -> >80%)
     mid = f10["13b"]
     for system, paper in (("zero_offload", 0.5), ("superoffload", 0.8)):

@@ -59,11 +59,14 @@ def _links(peak_gbps: float) -> dict[str, Curve]:
 
 
 def gh200() -> HardwareProfile:
-    hbm_gbps = 3000.0  # NVIDIA GH200 architecture blog (S12): "96 GB HBM3 at up to 3000 GB/s"
+    # NVIDIA, "NVIDIA Grace Hopper Superchip Architecture In-Depth" (developer.nvidia.com/blog):
+    # "96 GB HBM3 at up to 3000 GB/s"
+    hbm_gbps = 3000.0
     return HardwareProfile(
         name="gh200",
-        source="preset: NVIDIA GH200 specs (S2, S12), GraceAdam table (S3), TE#2053",
-        **_links(450.0),  # NVLink-C2C: 900 GB/s total = 450 GB/s per direction (S2)
+        source="preset: NVIDIA GH200 specs, the GraceAdam table of the DeepSpeed SuperOffload blog, "
+               "TransformerEngine#2053 (docs/cost_model.md, Constants and sources)",
+        **_links(450.0),  # NVLink-C2C: 900 GB/s total (NVIDIA; DeepSpeed SuperOffload blog) = 450 per direction
         device_matmul_flops=750e12,  # TE#2053 measured on GH200
         device_peak_flops=989e12,  # Hopper dense bf16 peak (torchtitan tools/utils.py get_peak_flops)
         attention_factor=ATTENTION_FACTOR,
