@@ -1,11 +1,12 @@
 """Global-norm gradient clipping for FSDP2-sharded gradients that live on the CPU.
 
 ``torch.nn.utils.clip_grad_norm_`` on CPU-offloaded DTensor gradients reduces its norm with the mesh's
-backend, which is NCCL on a GPU machine and cannot take CPU tensors (pytorch#148532, torchtune#1977,
-axolotl#3058). This does the reduction ourselves: each rank sums the squares of its local shards
-(every element of a ``Shard`` DTensor lives on exactly one rank of a 1-D mesh), one all-reduce over
-the mesh's group gives the global norm², and every shard is scaled by the same factor as torch's
-clip_grad_norm_ would use: ``min(1, max_norm / (norm + 1e-6))``.
+backend, which is NCCL on a GPU machine and cannot take CPU tensors (upstream reports:
+https://github.com/pytorch/pytorch/issues/148532, https://github.com/pytorch/torchtune/issues/1977,
+https://github.com/axolotl-ai-cloud/axolotl/issues/3058). This does the reduction ourselves: each rank
+sums the squares of its local shards (every element of a ``Shard`` DTensor lives on exactly one rank of
+a 1-D mesh), one all-reduce over the mesh's group gives the global norm², and every shard is scaled by
+the same factor as torch's clip_grad_norm_ would use: ``min(1, max_norm / (norm + 1e-6))``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Pieces every baseline adapter shares: option checking, dtypes, the process group for world size 1.
+"""Pieces every baseline adapter shares: option checking, the process group for world size 1.
 
 Nothing here imports DeepSpeed, so ``validate`` stays cheap and a missing DeepSpeed only breaks the
 DeepSpeed adapters.
@@ -9,19 +9,13 @@ from __future__ import annotations
 import atexit
 import os
 import socket
-from collections.abc import Callable, Mapping
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
-DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-# Keys the harness itself puts into run.system_options (the CLI's --data / --data-dtype); every
-# adapter must accept them although they mean nothing to the adapter.
-HARNESS_OPTIONS = frozenset({"data", "data_dtype"})
-
-Checker = Callable[[str, Any], Any]
+# Re-exported for the adapters: the option check lives with the harness's reference system, so that every
+# system, baseline or not, rejects unknown `-o` keys the same way.
+from superoffload.harness.systems.torch_system import parse_options  # noqa: F401
 
 
 def as_bool(key: str, value: Any) -> bool:
@@ -51,20 +45,6 @@ def as_count(key: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < 1:
         raise ValueError(f"option {key!r} must be a positive integer (elements), got {value!r}")
     return int(value)
-
-
-def parse_options(system: str, options: Mapping[str, Any], known: Mapping[str, Checker]) -> dict[str, Any]:
-    """Check ``-o`` options against the adapter's table; unknown keys are an error, not ignored,
-    so a typo never silently benchmarks the default configuration."""
-    out: dict[str, Any] = {}
-    for key, value in options.items():
-        if key in HARNESS_OPTIONS:
-            continue
-        if key not in known:
-            allowed = ", ".join(sorted(known)) or "none"
-            raise ValueError(f"system {system!r} has no option {key!r} (options: {allowed})")
-        out[key] = known[key](key, value)
-    return out
 
 
 def _free_port() -> int:

@@ -25,6 +25,7 @@ import torch
 
 from baselines._common import as_bool, as_count, ensure_process_group, parse_options
 from superoffload.device import get_device
+from superoffload.harness import ds_build
 from superoffload.harness.system import Batch, RunConfig
 from superoffload.harness.systems.torch_system import split_decay_groups
 from superoffload.shapes import ModelShape
@@ -130,6 +131,9 @@ class DeepSpeedSystem:
     def setup(self, model: torch.nn.Module, shape: ModelShape, run: RunConfig) -> None:
         options = self.validate(run)
         ds = import_deepspeed()
+        # DeepSpeed JIT-builds its CPU ops on first use (cpu_adam in initialize, the CPU accelerator's
+        # shm comm op in init_distributed): say so first, and clear the lock of a build that died
+        ds_build.prepare_deepspeed_ops()
         self.run = run
         self.version = ds.__version__
         self.device = get_device(run.device)

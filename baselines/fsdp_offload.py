@@ -19,10 +19,11 @@ import torch
 import torch.nn as nn
 
 from baselines._clip import clip_sharded_grad_norm_
-from baselines._common import DTYPES, as_bool, ensure_process_group, parse_options
+from baselines._common import as_bool, ensure_process_group, parse_options
 from superoffload.device import get_device
 from superoffload.harness.system import Batch, RunConfig
 from superoffload.harness.systems.torch_system import split_decay_groups
+from superoffload.options import torch_dtype
 from superoffload.shapes import ModelShape
 
 
@@ -61,7 +62,7 @@ class FSDPOffloadSystem:
         self.pin = torch.cuda.is_available()
         offload = CPUOffloadPolicy(pin_memory=self.pin)
         mp = MixedPrecisionPolicy() if run.dtype == "fp32" else \
-            MixedPrecisionPolicy(param_dtype=DTYPES[run.dtype], reduce_dtype=torch.float32)
+            MixedPrecisionPolicy(param_dtype=torch_dtype(run.dtype), reduce_dtype=torch.float32)
         reshard = options.get("reshard_after_forward", True)
         kw = {"mesh": self.mesh, "offload_policy": offload, "mp_policy": mp}
         for block in transformer_blocks(model):

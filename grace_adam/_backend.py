@@ -15,8 +15,7 @@ import os
 import warnings
 from pathlib import Path
 
-ABI_VERSION = 2
-ISA_NAMES = ("scalar", "avx2", "avx512", "neon", "sve")
+ABI_VERSION = 3  # GA_ABI_VERSION in csrc/grace_adam.h
 DTYPE_F32, DTYPE_BF16, DTYPE_F16, DTYPE_NONE = 0, 1, 2, 3
 LIB_PATH = Path(__file__).resolve().parent / "_lib" / "libgrace_adam.so"
 
@@ -57,7 +56,8 @@ class AdamArgs(ctypes.Structure):
 def _declare(lib: ctypes.CDLL) -> None:
     i32, i64, f32, vp = ctypes.c_int, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
     sigs = {
-        "ga_abi_version": (i32, []),
+        "ga_sizeof_adam_args": (ctypes.c_size_t, []),
+        "ga_status_name": (ctypes.c_char_p, [i32]),
         "ga_adam_step": (i32, [ctypes.POINTER(AdamArgs), i32]),
         "ga_adam_step_stats": (i32, [ctypes.POINTER(AdamArgs), i32, ctypes.POINTER(ctypes.c_double),
                                      ctypes.POINTER(ctypes.c_int32)]),
@@ -71,11 +71,40 @@ def _declare(lib: ctypes.CDLL) -> None:
         "ga_get_isa": (i32, []),
         "ga_supported_isas": (ctypes.c_uint, []),
         "ga_compiled_isas": (ctypes.c_uint, []),
+        "ga_isa_name": (ctypes.c_char_p, [i32]),
     }
     for name, (res, args) in sigs.items():
         fn = getattr(lib, name)
         fn.restype = res
         fn.argtypes = args
+
+
+def _check_abi(lib: ctypes.CDLL, path: Path) -> str:
+    """Why ``lib`` cannot be used with this binding ("" if it can): ABI version, then struct layout."""
+    lib.ga_abi_version.restype, lib.ga_abi_version.argtypes = ctypes.c_int, []
+    if lib.ga_abi_version() != ABI_VERSION:
+        return f"{path} has ABI {lib.ga_abi_version()}, expected {ABI_VERSION}; rebuild it"
+    _declare(lib)
+    c_size, py_size = lib.ga_sizeof_adam_args(), ctypes.sizeof(AdamArgs)
+    if c_size != py_size:
+        return (f"ga_adam_args is {c_size} bytes in {path} but the Python mirror AdamArgs is {py_size}: "
+                "grace_adam/_backend.py and csrc/grace_adam.h are out of step (same field order and types)")
+    return ""
+
+
+def _isa_names(lib: ctypes.CDLL) -> tuple[str, ...]:
+    """The library's ISA names, indexed by ``enum ga_isa`` (the C table is the only copy)."""
+    names: list[str] = []
+    while (name := lib.ga_isa_name(len(names)).decode()) != "unknown":
+        names.append(name)
+    return tuple(names)
+
+
+def status_name(rc: int) -> str:
+    """Name and meaning of a ``ga_status`` code returned by the library."""
+    if LIB is None:
+        return f"status {rc}"
+    return f"{LIB.ga_status_name(rc).decode()}, status {rc}"
 
 
 def _load() -> tuple[ctypes.CDLL | None, str]:
@@ -96,15 +125,14 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
                       "build it with `python -m grace_adam.build`")
     try:
         lib = ctypes.CDLL(str(path))
-        _declare(lib)
+        reason = _check_abi(lib, path)
     except (OSError, AttributeError) as exc:
         return None, f"cannot load {path}: {exc}"
-    if lib.ga_abi_version() != ABI_VERSION:
-        return None, f"{path} has ABI {lib.ga_abi_version()}, expected {ABI_VERSION}; rebuild it"
-    return lib, ""
+    return (None, reason) if reason else (lib, "")
 
 
 LIB, UNAVAILABLE_REASON = _load()
+ISA_NAMES: tuple[str, ...] = _isa_names(LIB) if LIB is not None else ()
 
 if LIB is None and not UNAVAILABLE_REASON.startswith("disabled"):
     warnings.warn(

@@ -4,6 +4,7 @@ Usage (development, in place)::
 
     python grace_adam/build.py            # or: python -m grace_adam.build
     python grace_adam/build.py --cc aarch64-linux-gnu-gcc --arch aarch64 --out /tmp/libgrace_adam.so
+    python grace_adam/build.py --out /tmp/lib/libgrace_adam.so --selftest tests/grace_adam/csrc/ga_selftest.c
 
 Each ISA file is compiled with its own ``-m`` flags (ggml-cpu style) so the baseline files stay runnable
 on any CPU of the architecture; the runtime dispatcher picks a path with cpuid / getauxval. An ISA file
@@ -136,21 +137,41 @@ def build_library(out: str | os.PathLike[str] = DEFAULT_OUT, cc: list[str] | Non
     return compiled
 
 
+def build_selftest(source: str | os.PathLike[str], lib: str | os.PathLike[str], out: str | os.PathLike[str],
+                   cc: list[str] | None = None, verbose: bool = False) -> Path:
+    """Compile a C test program (``source``) against the built library ``lib`` (``libgrace_adam.so``),
+    with an rpath to its folder so the program runs from anywhere. Returns the executable's path."""
+    cc = cc or default_cc()
+    lib, out = Path(lib).resolve(), Path(out)
+    if lib.name != "libgrace_adam.so":
+        raise BuildError(f"the self-test links with -lgrace_adam: {lib} must be named libgrace_adam.so")
+    ok, msg = _run([*cc, "-O2", "-std=c11", "-Wall", f"-I{CSRC}", str(source), "-o", str(out),
+                    f"-L{lib.parent}", "-lgrace_adam", f"-Wl,-rpath,{lib.parent}", "-lm"], verbose)
+    if not ok:
+        raise BuildError(f"compiling the self-test {source} failed:\n{msg}")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(DEFAULT_OUT), help="output path of the shared library")
     ap.add_argument("--cc", default=None, help="C compiler command (default: $CC, Python's CC, or cc)")
     ap.add_argument("--arch", default=None, help="target architecture (x86_64 / aarch64); default: this host")
     ap.add_argument("--cflags", default="", help="extra compiler flags")
+    ap.add_argument("--selftest", metavar="SRC", default=None,
+                    help="also compile this C self-test against the library, to ga_selftest beside --out")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args(argv)
+    cc = shlex.split(args.cc) if args.cc else None
     try:
-        isas = build_library(args.out, shlex.split(args.cc) if args.cc else None, args.arch,
-                             shlex.split(args.cflags), args.verbose)
+        isas = build_library(args.out, cc, args.arch, shlex.split(args.cflags), args.verbose)
+        print(f"built {args.out} with ISA paths: {', '.join(isas)}")
+        if args.selftest:
+            exe = build_selftest(args.selftest, args.out, Path(args.out).with_name("ga_selftest"), cc, args.verbose)
+            print(f"built {exe}")
     except BuildError as exc:
         print(f"grace_adam: build failed: {exc}", file=sys.stderr)
         return 1
-    print(f"built {args.out} with ISA paths: {', '.join(isas)}")
     return 0
 
 

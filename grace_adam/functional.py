@@ -151,12 +151,12 @@ def adam_step(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, ex
     if not return_stats:
         rc = lib.ga_adam_step(ctypes.byref(args), nthreads)
         if rc != 0:
-            raise RuntimeError(f"ga_adam_step failed with status {rc}")
+            raise RuntimeError(f"ga_adam_step failed: {_backend.status_name(rc)}")
         return None
     norm2, finite = ctypes.c_double(0.0), ctypes.c_int32(0)
     rc = lib.ga_adam_step_stats(ctypes.byref(args), nthreads, ctypes.byref(norm2), ctypes.byref(finite))
     if rc != 0:
-        raise RuntimeError(f"ga_adam_step_stats failed with status {rc}")
+        raise RuntimeError(f"ga_adam_step_stats failed: {_backend.status_name(rc)}")
     return norm2.value, bool(finite.value)
 
 
@@ -177,7 +177,7 @@ def grad_stats(grad: torch.Tensor, grad_scale: float = 1.0, threads: int | None 
     rc = lib.ga_grad_stats(grad.data_ptr() if n else None, _GRAD_DTYPES[grad.dtype], n, gs, nthreads,
                            ctypes.byref(norm2), ctypes.byref(finite))
     if rc != 0:
-        raise RuntimeError(f"ga_grad_stats failed with status {rc}")
+        raise RuntimeError(f"ga_grad_stats failed: {_backend.status_name(rc)}")
     return norm2.value, bool(finite.value)
 
 
@@ -196,4 +196,4 @@ def stream7(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, d: torch.Tensor,
         return
     rc = lib.ga_stream7(a.data_ptr(), b.data_ptr(), c.data_ptr(), d.data_ptr(), n, nthreads)
     if rc != 0:
-        raise RuntimeError(f"ga_stream7 failed with status {rc}")
+        raise RuntimeError(f"ga_stream7 failed: {_backend.status_name(rc)}")

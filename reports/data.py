@@ -9,6 +9,8 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
+from superoffload.harness.record import ResultFileError, parse_result
+
 STATUSES = ("ok", "oom", "error")
 
 
@@ -71,6 +73,22 @@ def load_optional(path: Path) -> dict[str, Any]:
     return {"status": "ok", "data": obj, "error": None, "path": str(path)}
 
 
+def load_result(path: Path, kind: str) -> dict[str, Any]:
+    """A file with a schema (`bench adam`: kind "adam_bench", `bench cast`: "cast_bench") as
+    {"status", "data", "error", "path"}: status "ok" with data that follows the schema; "missing"; "error" /
+    "unavailable" when the workflow's guard left a stand-in because the command failed; "invalid" when
+    the file does not follow its schema (error says where), so a broken contract is reported, not drawn
+    from by guessing."""
+    item = load_optional(path)
+    if item["status"] != "ok":
+        return item
+    try:
+        item["data"] = parse_result(item["data"], kind, Path(path).name)
+    except ResultFileError as e:
+        return {"status": "invalid", "data": None, "error": str(e), "path": str(path)}
+    return item
+
+
 def load_results(results: str | Path) -> dict[str, Any]:
     res = Path(results)
     sweep, _ = read_json(res / "sweep.json")
@@ -88,8 +106,8 @@ def load_results(results: str | Path) -> dict[str, Any]:
         "runs": load_records(res / "runs"),
         "ablation": ablation,
         "variants": variants if isinstance(variants, dict) else {},
-        "adam": load_optional(res / "microbench" / "adam.json"),
-        "cast": load_optional(res / "microbench" / "cast.json"),
+        "adam": load_result(res / "microbench" / "adam.json", "adam_bench"),
+        "cast": load_result(res / "microbench" / "cast.json", "cast_bench"),
         "calibration": load_optional(res / "calibration" / "hardware.json"),
         "paper_comparison": load_optional(res / "predictions" / "paper_comparison.json"),
         "validation": load_optional(res / "predictions" / "validation.json"),

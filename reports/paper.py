@@ -1,9 +1,10 @@
-"""The paper's numbers the figures put beside ours (shared/reference/paper-figures.md; status tags:
-V = verbatim from an authors' source, S = secondary summary, unverified against the PDF)."""
+"""The paper's numbers the figures put beside ours. Each value's source and status tag (V = verbatim from
+an authors' source, S = a third-party summary, unverified against the paper's text) are listed in
+docs/paper_numbers.md."""
 
 from __future__ import annotations
 
-# §5, GraceAdam table [V] (authors' image S3): seconds per full Adam step.
+# GraceAdam table [V] (the DeepSpeed blog's GraceAdam image): seconds per full Adam step.
 GRACE_ADAM_TABLE = {  # params -> {kernel: seconds}
     1e9: {"pt-cpu": 0.289, "cpu-adam": 0.098, "grace-adam": 0.082},
     2e9: {"pt-cpu": 0.531, "cpu-adam": 0.198, "grace-adam": 0.160},
@@ -12,10 +13,10 @@ GRACE_ADAM_TABLE = {  # params -> {kernel: seconds}
 }
 GRACE_ADAM_STATUS = "V"
 
-# §3c, largest model on one GH200 (billions of parameters) per harness system name.
+# Largest model on one GH200 (billions of parameters, status) per harness system name.
 LARGEST_MODEL_B = {"superoffload": (25.0, "V"), "zero_offload": (15.0, "S"), "torch": (3.5, "S")}
 
-# §4, ablation: per-technique throughput factor [S], keyed by the workflow's technique names.
+# Ablation: per-technique throughput factor [S], keyed by the workflow's technique names.
 ABLATION_FACTORS = {
     "host_optimizer": 1.104,
     "cast_policy": 1.127,
@@ -24,20 +25,18 @@ ABLATION_FACTORS = {
 }
 ABLATION_TOTAL = 2.06
 
-# §7a, STV rollbacks [V]: 93 clipping events in steps 1000-80000 of BLOOM pre-training.
+# STV rollbacks [V] (project page): 93 clipping events in steps 1000-80000 of BLOOM pre-training.
 ROLLBACK_RATE = 93 / 79000
 
 # Blog claim [V]: GPU utilization ~50% (ZeRO-Offload) -> >80% (SuperOffload).
 GPU_UTIL = {"zero_offload": 0.5, "superoffload": 0.8}
 
 
-def kernel_key(name: str) -> str | None:
-    """Map an implementation name from a microbenchmark to the paper table's column."""
-    n = name.lower().replace("_", "-")
-    if "grace" in n or n in ("ga", "fused"):
-        return "grace-adam"
-    if "cpuadam" in n.replace("-", "") or "deepspeed" in n or n.startswith("ds"):
-        return "cpu-adam"
-    if "torch" in n or n.startswith("pt") or "pytorch" in n:
-        return "pt-cpu"
-    return None
+# The paper's GraceAdam table's columns, by the kernel names of `superoffload bench adam`
+# (superoffload/harness/adam_bench.schema.json); PT-CPU is torch's CPU Adam, either implementation.
+ADAM_KERNEL_COLUMN = {
+    "grace_adam": "grace-adam",
+    "deepspeed_cpu_adam": "cpu-adam",
+    "torch_fused": "pt-cpu",
+    "torch_foreach": "pt-cpu",
+}

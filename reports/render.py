@@ -66,24 +66,32 @@ def _scalars(d: Any, limit: int = 40) -> list[tuple[str, Any]]:
     return out[:limit]
 
 
-def _generic_table(obj: Any, limit: int = 60) -> dict[str, list]:
-    rows = F.table_rows(obj)[:limit]
-    cols: list[str] = []
-    for r in rows:
-        for k, v in r.items():
-            if k not in cols and (isinstance(v, (str, int, float, bool)) or v is None):
-                cols.append(k)
+def _generic_table(rows: list[dict], limit: int = 60, columns: tuple[str, ...] | None = None) -> dict[str, list]:
+    """A table of flat rows: the given columns, else every scalar field in first-seen order."""
+    rows = rows[:limit]
+    cols: list[str] = list(columns or ())
+    if columns is None:
+        for r in rows:
+            for k, v in r.items():
+                if k not in cols and (isinstance(v, (str, int, float, bool)) or v is None):
+                    cols.append(k)
     return {"columns": cols, "rows": [[r.get(c) for c in cols] for r in rows]}
 
 
-def _cast_tables(obj: Any) -> list[dict]:
-    """One table per row list of the cast microbenchmark (grad_path, param_path, link, ...)."""
-    if isinstance(obj, dict):
-        lists = [(k, v) for k, v in sorted(obj.items()) if isinstance(v, list) and F.table_rows(v)]
-        if lists:
-            return [{"name": k, **_generic_table(v)} for k, v in lists]
-    t = _generic_table(obj)
-    return [{"name": "cast", **t}] if t["rows"] else []
+# The row lists of a `bench cast` file and their columns (superoffload/harness/cast_bench.schema.json).
+CAST_TABLES = {
+    "grad_path": ("device_cast_speedup", "elems_per_s", "iqr_s", "median_s", "path", "policy", "size_bytes"),
+    "link": ("direction", "gbps", "iqr_s", "median_s", "memory", "size_bytes"),
+    "param_path": ("device_cast_speedup", "elems_per_s", "iqr_s", "median_s", "path", "policy", "size_bytes"),
+}
+
+
+def _cast_tables(cast: dict | None) -> list[dict]:
+    """One table per row list of a valid `bench cast` file."""
+    if not cast:
+        return []
+    return [{"name": name, **_generic_table(cast[name], columns=cols)} for name, cols in CAST_TABLES.items()
+            if cast[name]]
 
 
 def _ablation_table(results: dict) -> list[dict]:
@@ -136,7 +144,7 @@ def measured_for(pred: dict, rows: list[dict]) -> float | None:
         return vals[0] if vals else None
     if pred.get("figure") == "fig13" and metric == "largest_model_B":
         system = point.split(" ")[-1]
-        sizes = [F._params_of(r["model"]) for r in rows if r["system"] == system and r["status"] == "ok"]
+        sizes = [F.params_of(r["model"]) for r in rows if r["system"] == system and r["status"] == "ok"]
         sizes = [s / 1e9 for s in sizes if s]
         return max(sizes) if sizes else None
     return None

@@ -25,10 +25,9 @@ done
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 
-# The same build code as setup.py, pointed at the cross compiler.
-"$PY" "$ROOT/grace_adam/build.py" --cc "$CC" --arch aarch64 --out "$WORK/libgrace_adam.so"
-"$CC" -O2 -std=c11 -Wall -I"$ROOT/grace_adam/csrc" "$ROOT/grace_adam/csrc/ga_selftest.c" \
-  -o "$WORK/ga_selftest" -L"$WORK" -lgrace_adam -Wl,-rpath,"$WORK" -lm
+# The same build code as setup.py, pointed at the cross compiler; the self-test lands in $WORK/ga_selftest.
+"$PY" "$ROOT/grace_adam/build.py" --cc "$CC" --arch aarch64 --out "$WORK/libgrace_adam.so" \
+  --selftest "$ROOT/tests/grace_adam/csrc/ga_selftest.c"
 
 status=0
 # sve128 is Grace's (Neoverse V2) vector length; cortex-a72 has no SVE, so NEON is the default path there.

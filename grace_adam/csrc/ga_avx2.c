@@ -56,8 +56,8 @@ AI void compute8(const ga_adam_args *A, const consts8 *C, lanes8 *x) {
 }
 
 /* GA_BLOCK8 vectors at a time, grouped by stream (loads per stream, arithmetic, stores per stream), with
- * streaming stores (`nt`) for buffers this pass does not read; see ga_avx512.c for the measurements.
- * Two vectors are one 64-byte line per stream. */
+ * streaming stores (`nt`) for buffers this pass does not read, as in ga_avx512.c (the A/B measurements
+ * are in docs/results.md, "GraceAdam x86 tuning"). Two vectors are one 64-byte line per stream. */
 #define GA_BLOCK8 2
 #define STORE_BLOCK(dst, field, nt)                                                       \
     for (u = 0; u < nblk; u++) {                                                          \
@@ -160,18 +160,7 @@ AI void adam_impl(const ga_adam_args *A, int64_t begin, int64_t end, int gdt, in
     if (nt) _mm_sfence(); /* streaming stores are weakly ordered: drain them before the call returns */
 }
 
-#define CASE(G, L) \
-    case (G) * 4 + (L): adam_impl(&A, begin, end, (G), (L)); break;
-
-static void adam_avx2(const ga_adam_args *a, int64_t begin, int64_t end) {
-    const ga_adam_args A = *a; /* local copy: float stores may not alias the constants */
-    switch (A.grad_dtype * 4 + A.lowp_dtype) {
-        CASE(GA_F32, GA_NONE) CASE(GA_F32, GA_BF16) CASE(GA_F32, GA_F16)
-        CASE(GA_BF16, GA_NONE) CASE(GA_BF16, GA_BF16) CASE(GA_BF16, GA_F16)
-        CASE(GA_F16, GA_NONE) CASE(GA_F16, GA_BF16) CASE(GA_F16, GA_F16)
-        default: break;
-    }
-}
+GA_DEFINE_ADAM_DISPATCH(adam_avx2)
 
 AI void acc16(const void *grad, int dt, __m256 vgs, int64_t i, __m256d acc[4]) {
     for (int h = 0; h < 2; h++) {

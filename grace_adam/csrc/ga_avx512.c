@@ -105,12 +105,11 @@ AI void step16(const ga_adam_args *A, const consts16 *C, int64_t i, __mmask16 k,
 }
 
 /* The body handles GA_BLOCK vectors at a time, grouped by stream: every load of one stream, then the
- * next stream, the arithmetic, then every store of one stream, then the next. Zen 4 VM, 16M elements,
- * 1 thread, ratio to DeepSpeedCPUAdam on the same buffers in one run of `superoffload bench adam
- * --numel 16M --threads 1`: GA_BLOCK=2 0.99-1.00x; a build with --cflags=-DGA_BLOCK=1 (one vector at a
- * time) 0.87-0.93x. Earlier ad-hoc A/Bs: 4 vectors no better, 8 worse (register spills), grouping only
- * the loads or software prefetch no help. Per-element arithmetic is unchanged, so the results are the
- * same bits as the one-vector loop and the tail. */
+ * next stream, the arithmetic, then every store of one stream, then the next (two vectors are one
+ * 64-byte line per stream). The grouping only reorders memory accesses: per-element arithmetic is
+ * unchanged, so the results are the same bits as the one-vector loop and the tail. Why 2 and not 1, 4
+ * or 8: the A/B measurements in docs/results.md ("GraceAdam x86 tuning"); rebuild with
+ * --cflags=-DGA_BLOCK=N to repeat them. */
 #ifndef GA_BLOCK
 #define GA_BLOCK 2
 #endif
@@ -180,19 +179,7 @@ AI void adam_impl(const ga_adam_args *A, int64_t begin, int64_t end, int gdt, in
     if (nt) _mm_sfence(); /* streaming stores are weakly ordered: drain them before the call returns */
 }
 
-#define CASE(G, L) \
-    case (G) * 4 + (L): adam_impl(&A, begin, end, (G), (L)); break;
-
-static void adam_avx512(const ga_adam_args *a, int64_t begin, int64_t end) {
-    /* A local copy: float stores through param/m/v may not alias these constants. */
-    const ga_adam_args A = *a;
-    switch (A.grad_dtype * 4 + A.lowp_dtype) {
-        CASE(GA_F32, GA_NONE) CASE(GA_F32, GA_BF16) CASE(GA_F32, GA_F16)
-        CASE(GA_BF16, GA_NONE) CASE(GA_BF16, GA_BF16) CASE(GA_BF16, GA_F16)
-        CASE(GA_F16, GA_NONE) CASE(GA_F16, GA_BF16) CASE(GA_F16, GA_F16)
-        default: break;
-    }
-}
+GA_DEFINE_ADAM_DISPATCH(adam_avx512)
 
 AI void stats_block(const void *grad, int dt, __m512 vgs, int64_t s, int64_t e, double *out) {
     __m512d lo = _mm512_setzero_pd(), hi = _mm512_setzero_pd();

@@ -224,6 +224,19 @@ static void init(void) { pthread_once(&g_once, detect); }
 
 int ga_abi_version(void) { return GA_ABI_VERSION; }
 
+size_t ga_sizeof_adam_args(void) { return sizeof(ga_adam_args); }
+
+const char *ga_status_name(int status) {
+    switch (status) {
+    case GA_OK: return "GA_OK (success)";
+    case GA_EINVAL: return "GA_EINVAL (invalid argument)";
+    case GA_EUNSUPPORTED: return "GA_EUNSUPPORTED (ISA not compiled in or not supported by this CPU)";
+    case GA_ENOMEM: return "GA_ENOMEM (out of memory)";
+    case GA_ETHREAD: return "GA_ETHREAD (thread pool error)";
+    default: return "unknown status";
+    }
+}
+
 int ga_set_isa(int isa) {
     init();
     if (isa < 0 || isa >= GA_ISA_COUNT || !(g_supported & (1u << isa))) return GA_EUNSUPPORTED;

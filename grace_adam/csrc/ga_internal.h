@@ -36,6 +36,28 @@ extern const ga_kernels ga_kernels_sve;
 void ga_stats_neon(const void *grad, int32_t dtype, float gs, int64_t n, int64_t b0, int64_t b1,
                    double *block_sums);
 
+/* The `adam` entry of an ISA file's kernel table. The file defines
+ *   static inline __attribute__((always_inline))
+ *   void adam_impl(const ga_adam_args *A, int64_t begin, int64_t end, int grad_dtype, int lowp_dtype);
+ * and this expands to `static void name(a, begin, end)`, which calls it once per (grad dtype, low-precision
+ * dtype) pair with constant dtypes, so each of the nine pairs compiles to its own loop with the dtype
+ * branches folded away. It reads the arguments from a local copy: float stores through param / m / v may
+ * not alias these constants, so they stay in registers. */
+#define GA_ADAM_CASE_(G, L) \
+    case (G) * 4 + (L): adam_impl(&A, begin, end, (G), (L)); break;
+#define GA_DEFINE_ADAM_DISPATCH(name)                                            \
+    static void name(const ga_adam_args *a, int64_t begin, int64_t end) {        \
+        const ga_adam_args A = *a;                                               \
+        switch (A.grad_dtype * 4 + A.lowp_dtype) {                               \
+            GA_ADAM_CASE_(GA_F32, GA_NONE) GA_ADAM_CASE_(GA_F32, GA_BF16)        \
+            GA_ADAM_CASE_(GA_F32, GA_F16) GA_ADAM_CASE_(GA_BF16, GA_NONE)        \
+            GA_ADAM_CASE_(GA_BF16, GA_BF16) GA_ADAM_CASE_(GA_BF16, GA_F16)       \
+            GA_ADAM_CASE_(GA_F16, GA_NONE) GA_ADAM_CASE_(GA_F16, GA_BF16)        \
+            GA_ADAM_CASE_(GA_F16, GA_F16)                                        \
+            default: break;                                                      \
+        }                                                                        \
+    }
+
 /* ---- portable scalar helpers (static inline so each ISA file can use them for its own tails) ---- */
 
 static inline uint32_t ga_f32_bits(float f) {

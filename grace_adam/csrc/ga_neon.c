@@ -110,18 +110,7 @@ AI void adam_impl(const ga_adam_args *A, int64_t begin, int64_t end, int gdt, in
     if (i < end) tail4(A, &C, i, end - i, gdt, ldt);
 }
 
-#define CASE(G, L) \
-    case (G) * 4 + (L): adam_impl(&A, begin, end, (G), (L)); break;
-
-static void adam_neon(const ga_adam_args *a, int64_t begin, int64_t end) {
-    const ga_adam_args A = *a;
-    switch (A.grad_dtype * 4 + A.lowp_dtype) {
-        CASE(GA_F32, GA_NONE) CASE(GA_F32, GA_BF16) CASE(GA_F32, GA_F16)
-        CASE(GA_BF16, GA_NONE) CASE(GA_BF16, GA_BF16) CASE(GA_BF16, GA_F16)
-        CASE(GA_F16, GA_NONE) CASE(GA_F16, GA_BF16) CASE(GA_F16, GA_F16)
-        default: break;
-    }
-}
+GA_DEFINE_ADAM_DISPATCH(adam_neon)
 
 AI void acc16(const void *grad, int dt, float32x4_t vgs, int64_t i, float64x2_t acc[8]) {
     for (int q = 0; q < 4; q++) {

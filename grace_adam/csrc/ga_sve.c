@@ -67,18 +67,7 @@ AI void adam_impl(const ga_adam_args *A, int64_t begin, int64_t end, int gdt, in
     }
 }
 
-#define CASE(G, L) \
-    case (G) * 4 + (L): adam_impl(&A, begin, end, (G), (L)); break;
-
-static void adam_sve(const ga_adam_args *a, int64_t begin, int64_t end) {
-    const ga_adam_args A = *a;
-    switch (A.grad_dtype * 4 + A.lowp_dtype) {
-        CASE(GA_F32, GA_NONE) CASE(GA_F32, GA_BF16) CASE(GA_F32, GA_F16)
-        CASE(GA_BF16, GA_NONE) CASE(GA_BF16, GA_BF16) CASE(GA_BF16, GA_F16)
-        CASE(GA_F16, GA_NONE) CASE(GA_F16, GA_BF16) CASE(GA_F16, GA_F16)
-        default: break;
-    }
-}
+GA_DEFINE_ADAM_DISPATCH(adam_sve)
 
 static void stream7_sve(float *a, const float *b, float *c, float *d, int64_t begin, int64_t end) {
     const int64_t vl = (int64_t)svcntw();

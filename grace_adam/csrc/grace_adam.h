@@ -16,7 +16,9 @@
 extern "C" {
 #endif
 
-#define GA_ABI_VERSION 2
+/* Bumped whenever the struct below or the exported functions change (3: ga_sizeof_adam_args,
+ * ga_status_name). The Python loader refuses a library with another version. */
+#define GA_ABI_VERSION 3
 
 #if defined(__GNUC__)
 #define GA_API __attribute__((visibility("default")))
@@ -84,6 +86,11 @@ typedef struct ga_adam_args {
 } ga_adam_args;
 
 GA_API int ga_abi_version(void);
+/* sizeof(ga_adam_args) as this library was compiled: a binding that mirrors the struct checks its own
+ * layout against it (the version alone cannot catch a mirror edited out of step). */
+GA_API size_t ga_sizeof_adam_args(void);
+/* Name and meaning of a ga_status, e.g. "GA_EINVAL (invalid argument)"; "unknown status" otherwise. */
+GA_API const char *ga_status_name(int status);
 
 /* nthreads <= 0 means the library default (ga_set_num_threads). Returns a ga_status. */
 GA_API int ga_adam_step(const ga_adam_args *args, int nthreads);

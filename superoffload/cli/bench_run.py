@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
 from superoffload.harness.models import MODELS
+from superoffload.harness.system import RunConfig
 from superoffload.harness.systems import SYSTEMS
+from superoffload.shapes import ModelShape
+
+GiB = 2**30
+FP32_TRAINING_BYTES = 16  # per parameter: fp32 weights, gradients, Adam m and v
 
 
 def _positive_int(s: str) -> int:
@@ -101,7 +107,6 @@ def add_cli(sub: argparse._SubParsersAction) -> None:
 def main(args: argparse.Namespace) -> int:
     from superoffload.harness.record import write_record
     from superoffload.harness.runner import run_benchmark, validate_run
-    from superoffload.harness.system import RunConfig
 
     options = dict(args.option)
     if args.data:
@@ -112,9 +117,10 @@ def main(args: argparse.Namespace) -> int:
                     activation_checkpointing=args.checkpointing, threads=args.threads, device=args.device,
                     peak_flops=args.peak_flops, system_options=options)
     try:
-        validate_run(run)
+        shape = validate_run(run)
+        check_memory(run, shape)
     except ValueError as e:
-        print(f"superoffload bench run: error: {e}", file=sys.stderr)
+        print("superoffload bench run: error: " + " ".join(str(e).split()), file=sys.stderr)
         return 2
 
     bar = None
@@ -149,3 +155,71 @@ def summary_line(rec: dict) -> str:
             f"MFU {100 * tp['mfu']:.1f}%, HFU {100 * tp['hfu']:.1f}%, step {1000 * tm['median_s']:.1f} ms "
             f"(p10-p90 {1000 * tm['p10_s']:.1f}-{1000 * tm['p90_s']:.1f}), peak {mem_s}, "
             f"loss {rec['losses'][0]:.4f} -> {rec['losses'][-1]:.4f}")
+
+
+def check_memory(run: RunConfig, shape: ModelShape, host_available: float | None = None,
+                 device_available: float | None = None) -> None:
+    """Fail before building a model that cannot fit this machine (instead of allocating until it swaps):
+    ValueError naming the GiB needed and available.
+
+    The need is the planner's memory estimate for the system being run: for ``superoffload`` on a GPU
+    the memory half of its plan (``check_feasible``: host state, then weight flow if HBM is short), for
+    the other modelled systems their itemised estimate; for a system the planner does not model, the
+    fp32 weights, gradients and Adam state (16 B/param) against host memory. Available: psutil's
+    available host memory and, with CUDA, the device's free memory; on a CPU-only run the device is the
+    host, so both needs come out of host memory. The estimate assumes bf16 weights and activations (an
+    fp32 run needs more), so this catches what cannot fit; it does not promise that the rest will.
+    """
+    import psutil
+    import torch
+
+    from superoffload.planner.costmodel import Workload, estimate_memory
+    from superoffload.planner.plan import PlanInfeasible, check_feasible
+    from superoffload.planner.presets import get_profile
+    from superoffload.planner.systems import SYSTEMS as MODELLED
+    from superoffload.planner.systems import Options, system_spec
+
+    cuda = run.device != "cpu" and torch.cuda.is_available()
+    host = float(psutil.virtual_memory().available if host_available is None else host_available)
+    device = host  # CPU-only: the device is the host
+    if cuda:
+        device = float(torch.cuda.mem_get_info()[0] if device_available is None else device_available)
+    what = f"{run.system} on {shape.name} (seq {run.seq}, batch {run.batch})"
+    n = shape.total_params()
+    if run.system not in MODELLED:
+        _require(what, "host", FP32_TRAINING_BYTES * n, host, "fp32 weights, gradients and Adam state")
+        return
+    # this machine as a planner profile (only its memory matters here): its free memory and no reserves,
+    # since available memory already excludes what is in use
+    hw = dataclasses.replace(get_profile("h100-pcie" if cuda else "cpu"), name="this machine",
+                             device_hbm_bytes=int(device), host_memory_bytes=int(host),
+                             device_reserve_bytes=0, host_reserve_bytes=0)
+    if run.system == "superoffload" and cuda:
+        try:
+            check_feasible(shape, run.seq, run.batch, hw, activation_checkpointing=bool(run.activation_checkpointing),
+                           grad_accum=run.grad_accum)
+        except PlanInfeasible as e:
+            _require(what, e.memory, e.need_bytes, e.available_bytes, "the planner's estimate, weight flow included")
+        return
+    opts = Options(precision=run.dtype, grad_clip=run.grad_clip, grad_accum=run.grad_accum)
+    w = Workload(shape, run.seq, run.batch, bool(run.activation_checkpointing), dtype=run.dtype)
+    mem = estimate_memory(w, hw, system_spec(run.system, opts, n), opts)
+    on_device = mem.device_total
+    if run.dtype == "fp32":
+        on_device -= mem.device.get("autocast_bf16_weights", 0.0)  # no autocast copies in fp32 training
+    why = "the cost model's estimate of weights, optimizer state, gradients and activations"
+    if cuda:
+        _require(what, "device", on_device, device, why)
+        _require(what, "host", mem.host_total, host, why)
+    else:
+        _require(what, "host", on_device + mem.host_total, host, why + "; the device is the host")
+
+
+def _require(what: str, memory: str, need: float, available: float, why: str) -> None:
+    if need > available:
+        raise ValueError(f"{what} needs about {_size(need)} of {memory} memory ({why}) but {_size(available)} "
+                         f"is available; choose a smaller model, micro-batch or sequence")
+
+
+def _size(nbytes: float) -> str:
+    return f"{nbytes / GiB:.1f} GiB" if nbytes >= GiB / 10 else f"{nbytes / 2**20:.0f} MiB"

@@ -16,9 +16,9 @@ BENCH_COMMANDS = [
     "superoffload.harness.microbench.cast",
 ]
 TOP_COMMANDS = [
-    "superoffload.planner.calibrate",
-    "superoffload.planner.explain",
-    "superoffload.planner.validate",
+    "superoffload.calibrate.machine",  # calibrate
+    "superoffload.planner.explain",  # explain
+    "superoffload.calibrate.accuracy",  # validate
 ]
 
 

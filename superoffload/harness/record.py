@@ -1,6 +1,16 @@
-"""Result records: one JSON file per run, schema-validated, written atomically.
+"""Result files: one JSON file per run or microbenchmark, schema-validated, written atomically.
 
-Reports and regression checks read only these files (DESIGN.md, "Measurement contract").
+Each kind of result file has a JSON schema beside this module, which is its whole contract: the
+writer validates before writing and every reader validates after reading, so a report reads exactly
+the fields a schema defines and a file that does not follow it is reported as such, never guessed at.
+
+| kind | written by | schema |
+|---|---|---|
+| ``run`` | ``superoffload bench run`` (the runner) | ``record.schema.json`` |
+| ``adam_bench`` | ``superoffload bench adam`` | ``adam_bench.schema.json`` |
+| ``cast_bench`` | ``superoffload bench cast`` | ``cast_bench.schema.json`` |
+
+Reports and regression checks read only these files (docs/measurement.md).
 """
 
 from __future__ import annotations
@@ -15,17 +25,72 @@ from typing import Any
 
 import jsonschema
 
-SCHEMA_PATH = Path(__file__).with_name("record.schema.json")
+SCHEMA_FILES = {"run": "record.schema.json", "adam_bench": "adam_bench.schema.json",
+                "cast_bench": "cast_bench.schema.json"}
+SCHEMA_PATH = Path(__file__).with_name(SCHEMA_FILES["run"])
 
 
-@functools.lru_cache(maxsize=1)
-def schema() -> dict[str, Any]:
-    return json.loads(SCHEMA_PATH.read_text())
+def schema_path(kind: str = "run") -> Path:
+    if kind not in SCHEMA_FILES:
+        raise ValueError(f"unknown result kind {kind!r}; known: {', '.join(SCHEMA_FILES)}")
+    return Path(__file__).with_name(SCHEMA_FILES[kind])
 
 
-def validate(record: dict[str, Any]) -> None:
+@functools.cache
+def schema(kind: str = "run") -> dict[str, Any]:
+    return json.loads(schema_path(kind).read_text())
+
+
+def validate(record: dict[str, Any], kind: str = "run") -> None:
     """Raise ``jsonschema.ValidationError`` naming the offending field."""
-    jsonschema.validate(record, schema())
+    jsonschema.validate(record, schema(kind))
+
+
+class ResultFileError(ValueError):
+    """A result file that cannot be read as its kind: unreadable, not JSON, or not following its schema."""
+
+
+def _where(err: jsonschema.ValidationError) -> str:
+    return "/".join(str(p) for p in err.absolute_path) or "(top level)"
+
+
+def _upgrade(obj: Any, kind: str) -> Any:
+    """Files written before their kind had a schema, under the names they used then."""
+    if kind == "adam_bench" and isinstance(obj, dict) and obj.get("benchmark") == "adam" and "kind" not in obj:
+        date = obj.get("date", "")
+        obj = {k: v for k, v in obj.items() if k not in ("benchmark", "date")}
+        obj.update(kind="adam_bench", schema_version=1, created_utc=date)
+    return obj
+
+
+def parse_result(obj: Any, kind: str, name: str = "result") -> dict[str, Any]:
+    """``obj`` (parsed JSON of a file called ``name``) as a valid result of ``kind``, or ResultFileError."""
+    obj = _upgrade(obj, kind)
+    try:
+        validate(obj, kind)
+    except jsonschema.ValidationError as e:
+        raise ResultFileError(f"{name} does not follow superoffload/harness/{SCHEMA_FILES[kind]}: "
+                              f"at {_where(e)}: {e.message}") from None
+    return obj
+
+
+def read_result(path: str | os.PathLike, kind: str) -> dict[str, Any]:
+    """Read and validate a result file of ``kind``; raise ResultFileError saying what is wrong where.
+    ``FileNotFoundError`` passes through unchanged (a missing file is not a broken one)."""
+    path = Path(path)
+    try:
+        obj = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise
+    except (OSError, ValueError) as e:
+        raise ResultFileError(f"{path.name}: unreadable: {type(e).__name__}: {e}") from None
+    return parse_result(obj, kind, path.name)
+
+
+def write_result(path: str | os.PathLike, obj: dict[str, Any], kind: str) -> None:
+    """Validate ``obj`` as ``kind``, then write it atomically (a writer never leaves an invalid file)."""
+    validate(obj, kind)
+    write_json_atomic(path, obj)
 
 
 def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:

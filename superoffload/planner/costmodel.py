@@ -7,6 +7,7 @@ ends of iterations 2 and 3 (iteration 1 starts with all weights already in place
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -18,12 +19,12 @@ from superoffload.planner.flops import (
     step_hardware_flops,
     step_model_flops,
 )
-from superoffload.planner.hardware import ADAM_BYTES_PER_PARAM, HardwareProfile
+from superoffload.planner.hardware import ADAM_BYTES_PER_PARAM, HardwareProfile, shape_signature, workload_key
 from superoffload.planner.memory import (
     ADAM_STATE,
     BF16,
-    EXACT_EXTRA_HOST_BYTES,
     FP32,
+    ROLLBACK_EXTRA_HOST_BYTES,
     MemoryEstimate,
     activation_bytes,
     logits_bytes,
@@ -139,8 +140,6 @@ def _block_gemms(shape, tokens: int) -> list[tuple[int, int, int]]:
 def profiled_compute(w: Workload, hw: HardwareProfile) -> dict[str, Any] | None:
     """The profile's measured compute for this workload (calibrate --workloads), or None when it has
     none whose shape signature and dtype match."""
-    from superoffload.planner.calibrate_compute import shape_signature, workload_key
-
     entry = (hw.compute_profiles or {}).get(workload_key(w.shape.name, w.seq, w.batch))
     if entry is None or entry.get("shape") != shape_signature(w.shape):
         return None
@@ -192,12 +191,14 @@ class _IterMarks:
 
 
 class _Builder:
+    """The data-flow graph of ``ITERATIONS`` training iterations of one system on one workload."""
+
     def __init__(self, w: Workload, hw: HardwareProfile, spec: SystemSpec) -> None:
         self.w, self.hw, self.spec = w, hw, spec
-        self.c = _Costs(w, hw)
-        self.g = Graph()
-        bucket = w.shape.block_params() if spec.all_layers_stream else spec.bucket_params
-        self.groups = bk.bucket_groups(w.shape, bucket, spec.tail_buckets)
+        self.costs = _Costs(w, hw)
+        self.graph = Graph()
+        bucket = w.shape.block_params() if spec.all_layers_stream else spec.bucket_size
+        self.groups = bk.bucket_groups(w.shape, bucket, spec.device_tail_buckets)
         self.layers = w.shape.layers
         self.stream = set(range(self.layers)) if spec.all_layers_stream else set(spec.flow_layers)
         self.marks: list[_IterMarks] = []
@@ -208,82 +209,99 @@ class _Builder:
 
     # weight fetch for a streamed layer, honouring the prefetch buffer slots
     def _fetch(self, it: int, layer: int, deps: list[int], slot_users: list[int], tag: str) -> list[int]:
-        s = self.spec
+        spec = self.spec
         params = self.w.shape.block_params()
-        slot_free = slot_users[-s.prefetch_depth] if len(slot_users) >= s.prefetch_depth else None
-        t = self.c.link("h2d", params, s.fetch_bytes, 1)
-        f = self.g.add(f"it{it}.fetch_{tag}{layer}", H2D, t, deps + [slot_free], "weight_fetch", it)
-        if s.fetch_device_cast:
-            t_cast = self.c.device_cast(params)
-            f = self.g.add(f"it{it}.fetchcast{layer}", COMPUTE, t_cast, [f], "device_cast", it)
+        slots = spec.flow_prefetch + 1  # the layer in use and those fetched ahead
+        slot_free = slot_users[-slots] if len(slot_users) >= slots else None
+        t = self.costs.link("h2d", params, spec.fetch_bytes, 1)
+        f = self.graph.add(f"it{it}.fetch_{tag}{layer}", H2D, t, deps + [slot_free], "weight_fetch", it)
+        if spec.fetch_device_cast:
+            t_cast = self.costs.device_cast(params)
+            f = self.graph.add(f"it{it}.fetchcast{layer}", COMPUTE, t_cast, [f], "device_cast", it)
         return [f]
 
     def build(self, iterations: int = ITERATIONS) -> Graph:
-        s, g, L = self.spec, self.g, self.layers
-        ckpt = self.w.activation_checkpointing
+        graph = self.graph
         unit_ready: dict[str, list[int]] = {}  # previous step's ops a unit's next use waits for
         step_done: int | None = None
         prev_compute: int | None = None
-        slot_users: list[int] = []
+        slot_users: list[int] = []  # ops using a flowed layer's buffer, in order (prefetch slots)
         for it in range(iterations):
             marks = _IterMarks()
-
-            def waits(unit: str, done: int | None = step_done, ready: dict = unit_ready) -> list[int]:
-                if done is None:
-                    return []
-                return [done] if s.forward_waits_all else list(ready.get(unit, []))
-
+            waits = self._waits(step_done, unit_ready)
             iter_ops: list[int] = []
-            for micro in range(s.grad_accum):
-                grad_ready: dict[str, int] = {}
-                last_micro = micro == s.grad_accum - 1
-                first_waits = micro == 0
-                emb_deps = [prev_compute] + (waits(bk.EMB) if first_waits else [])
-                prev = g.barrier(f"it{it}.fwd_emb", emb_deps, it)
-                for i in range(L):
-                    deps = [prev] + (waits(bk.layer_unit(i)) if first_waits and i not in self.stream else [])
-                    if i in self.stream:
-                        fetch_deps = waits(bk.layer_unit(i)) if first_waits else []
-                        deps += self._fetch(it, i, fetch_deps, slot_users, "f")
-                    prev = g.add(f"it{it}.fwd{i}", COMPUTE, self.c.fwd_layer, deps, "forward", it)
-                    if marks.first_forward < 0:
-                        marks.first_forward = prev
-                    if i in self.stream:
-                        slot_users.append(prev)
-                head_waits = waits(bk.FINAL) + (waits(bk.EMB) if self.w.shape.tied_embeddings else [])
-                prev = g.add(f"it{it}.fwd_head", COMPUTE, self.c.fwd_head,
-                             [prev] + (head_waits if first_waits else []), "forward", it)
-                if marks.first_forward < 0:
-                    marks.first_forward = prev
-                if micro == 0:
-                    marks.last_forward = prev
-                prev = g.add(f"it{it}.bwd_head", COMPUTE, self.c.bwd_head, [prev], "backward", it)
-                grad_ready[bk.FINAL] = prev
-                emitted = self._emit_ready(it, grad_ready, 0, last_micro, iter_ops)
-                for i in reversed(range(L)):
-                    deps = [prev]
-                    if i in self.stream:
-                        deps += self._fetch(it, i, [], slot_users, "b")
-                    if ckpt:
-                        prev = g.add(f"it{it}.rec{i}", COMPUTE, self.c.fwd_layer, deps, "recompute", it)
-                        deps = [prev]
-                    prev = g.add(f"it{it}.bwd{i}", COMPUTE, self.c.bwd_layer, deps, "backward", it)
-                    if i in self.stream:
-                        slot_users.append(prev)
-                    grad_ready[bk.layer_unit(i)] = prev
-                    emitted = self._emit_ready(it, grad_ready, emitted, last_micro, iter_ops)
-                prev = g.barrier(f"it{it}.bwd_emb", [prev], it)
-                grad_ready[bk.EMB] = prev
-                emitted = self._emit_ready(it, grad_ready, emitted, last_micro, iter_ops)
-                prev_compute = prev
+            for micro in range(self.spec.grad_accum):
+                first = micro == 0  # only the first micro-batch's forward waits for the previous step
+                prev = self._forward(it, prev_compute, waits if first else _no_waits, slot_users, marks, first)
+                prev_compute = self._backward(it, prev, slot_users, micro == self.spec.grad_accum - 1, iter_ops)
             marks.last_backward = prev_compute
             # validation: global norm / finite flag from every bucket's partials
-            validate = g.barrier(f"it{it}.validate", [prev_compute] + self._norm_ops, it)
+            validate = graph.barrier(f"it{it}.validate", [prev_compute] + self._norm_ops, it)
             unit_ready, step_ops = self._finish_buckets(it, validate)
-            step_done = g.barrier(f"it{it}.step_done", [validate] + step_ops, it)
-            marks.end = g.barrier(f"it{it}.end", [step_done] + iter_ops, it)
+            step_done = graph.barrier(f"it{it}.step_done", [validate] + step_ops, it)
+            marks.end = graph.barrier(f"it{it}.end", [step_done] + iter_ops, it)
             self.marks.append(marks)
-        return g
+        return graph
+
+    def _waits(self, step_done: int | None, unit_ready: dict[str, list[int]]) -> Callable[[str], list[int]]:
+        """What a unit's first use in the next forward waits for: the whole previous step (peers) or
+        that unit's own parameter return (SuperOffload); nothing in the first iteration."""
+        def waits(unit: str) -> list[int]:
+            if step_done is None:
+                return []
+            return [step_done] if self.spec.forward_waits_all else list(unit_ready.get(unit, []))
+
+        return waits
+
+    def _forward(self, it: int, prev: int | None, waits: Callable[[str], list[int]], slot_users: list[int],
+                 marks: _IterMarks, first_micro: bool) -> int:
+        """One micro-batch's forward: embedding, blocks (fetching flowed ones), head. Returns the last op."""
+        graph, costs = self.graph, self.costs
+        prev = graph.barrier(f"it{it}.fwd_emb", [prev] + waits(bk.EMB), it)
+        for i in range(self.layers):
+            unit = bk.layer_unit(i)
+            if i in self.stream:
+                deps = [prev] + self._fetch(it, i, waits(unit), slot_users, "f")
+            else:
+                deps = [prev] + waits(unit)
+            prev = graph.add(f"it{it}.fwd{i}", COMPUTE, costs.fwd_layer, deps, "forward", it)
+            if marks.first_forward < 0:
+                marks.first_forward = prev
+            if i in self.stream:
+                slot_users.append(prev)
+        head_waits = waits(bk.FINAL) + (waits(bk.EMB) if self.w.shape.tied_embeddings else [])
+        prev = graph.add(f"it{it}.fwd_head", COMPUTE, costs.fwd_head, [prev] + head_waits, "forward", it)
+        if marks.first_forward < 0:
+            marks.first_forward = prev
+        if first_micro:
+            marks.last_forward = prev
+        return prev
+
+    def _backward(self, it: int, prev: int, slot_users: list[int], last_micro: bool, iter_ops: list[int]) -> int:
+        """One micro-batch's backward: head, blocks last to first (recomputed when checkpointing, flowed
+        ones fetched again), embedding; each unit's gradients start their buckets' path as they complete.
+        Returns the last op."""
+        graph, costs = self.graph, self.costs
+        grad_ready: dict[str, int] = {}
+        prev = graph.add(f"it{it}.bwd_head", COMPUTE, costs.bwd_head, [prev], "backward", it)
+        grad_ready[bk.FINAL] = prev
+        emitted = self._emit_ready(it, grad_ready, 0, last_micro, iter_ops)
+        for i in reversed(range(self.layers)):
+            deps = [prev]
+            if i in self.stream:
+                deps += self._fetch(it, i, [], slot_users, "b")
+            if self.w.activation_checkpointing:
+                prev = graph.add(f"it{it}.rec{i}", COMPUTE, costs.fwd_layer, deps, "recompute", it)
+                deps = [prev]
+            prev = graph.add(f"it{it}.bwd{i}", COMPUTE, costs.bwd_layer, deps, "backward", it)
+            if i in self.stream:
+                slot_users.append(prev)
+            grad_ready[bk.layer_unit(i)] = prev
+            emitted = self._emit_ready(it, grad_ready, emitted, last_micro, iter_ops)
+        prev = graph.barrier(f"it{it}.bwd_emb", [prev], it)
+        grad_ready[bk.EMB] = prev
+        self._emit_ready(it, grad_ready, emitted, last_micro, iter_ops)
+        return prev
 
     # -- bucket stages up to the host step --------------------------------------------------------
     _norm_ops: list[int]
@@ -300,112 +318,130 @@ class _Builder:
         return emitted
 
     def _grad_path(self, it: int, j: int, ready: int) -> dict[str, Any]:
-        s, g, grp, c = self.spec, self.g, self.groups[j], self.c
-        n, real = grp.params, grp.real_buckets
-        if grp.on_device or s.device_only:
+        spec, graph, costs, group = self.spec, self.graph, self.costs, self.groups[j]
+        n, real = group.params, group.real_buckets
+        if group.on_device or spec.device_only:
             return {"j": j, "ready": ready, "device": True}
         last = ready
-        if s.grad_device_cast:
-            last = g.add(f"it{it}.gcast{j}", COMPUTE, c.device_cast(n), [last], "device_cast", it)
+        if spec.grad_device_cast:
+            last = graph.add(f"it{it}.gcast{j}", COMPUTE, costs.device_cast(n), [last], "device_cast", it)
             self._norm_ops.append(last)
-        elif s.grad_device_copy:
-            last = g.add(f"it{it}.gcopy{j}", COMPUTE, c.device_copy(n), [last], "device_copy", it)
+        elif spec.grad_device_copy:
+            last = graph.add(f"it{it}.gcopy{j}", COMPUTE, costs.device_copy(n), [last], "device_copy", it)
             self._norm_ops.append(last)
         if not self.link_aliased:
-            last = g.add(f"it{it}.d2h{j}", D2H, c.link("d2h", n, s.grad_d2h_bytes, real), [last], "d2h", it)
-        if s.grad_host_cast:
-            last = g.add(f"it{it}.hcast{j}", HOST, c.host_cast(n), [last], "host_cast", it)
+            t = costs.link("d2h", n, spec.grad_d2h_bytes, real)
+            last = graph.add(f"it{it}.d2h{j}", D2H, t, [last], "d2h", it)
+        if spec.grad_host_cast:
+            last = graph.add(f"it{it}.hcast{j}", HOST, costs.host_cast(n), [last], "host_cast", it)
         return {"j": j, "ready": last, "device": False}
 
     # -- host step, commit, parameter return, device tail -----------------------------------------
     def _finish_buckets(self, it: int, validate: int) -> tuple[dict[str, list[int]], list[int]]:
-        s, g, c, hw = self.spec, self.g, self.c, self.hw
         unit_ready: dict[str, list[int]] = {}
         step_ops: list[int] = []
+        adams = self._steps(it, validate, unit_ready, step_ops)
+        self._returns(it, validate, adams, unit_ready, step_ops)
+        step_ops += self._step_overheads(it, validate, step_ops)
+        return unit_ready, step_ops
+
+    def _steps(self, it: int, validate: int, unit_ready: dict[str, list[int]],
+               step_ops: list[int]) -> list[tuple[int, int]]:
+        """Each bucket group's optimizer step: device Adam for the tail (after validation), host Adam
+        (after validation unless speculating) and its commit pass. Returns (group, host Adam op)."""
+        spec, graph, hw = self.spec, self.graph, self.hw
         adams: list[tuple[int, int]] = []
         for p in self._pending:
-            grp = self.groups[p["j"]]
+            group = self.groups[p["j"]]
             if p["device"]:
-                t = (grp.params * ADAM_BYTES_PER_PARAM / (ov.torch_adam_gbps(hw) * 1e9) if s.device_only
-                     else hw.device_adam_seconds(grp.params))
-                op = g.add(f"it{it}.dadam{p['j']}", COMPUTE, t, [p["ready"], validate], "device_adam", it)
-                for unit, _ in grp.pieces:
+                t = (group.params * ADAM_BYTES_PER_PARAM / (ov.torch_adam_gbps(hw) * 1e9) if spec.device_only
+                     else hw.device_adam_seconds(group.params))
+                op = graph.add(f"it{it}.dadam{p['j']}", COMPUTE, t, [p["ready"], validate], "device_adam", it)
+                for unit, _ in group.pieces:
                     unit_ready.setdefault(unit, []).append(op)
                 step_ops.append(op)
                 continue
-            deps = [p["ready"]] + ([validate] if s.host_waits_backward else [])
-            t = (hw.host_adam_seconds(grp.params, s.adam_kind, s.spec_extra_bytes)
-                 + grp.real_buckets * hw.sync_latency_s)
-            adam = g.add(f"it{it}.hadam{p['j']}", HOST, t, deps, "host_adam", it)
+            deps = [p["ready"]] + ([validate] if spec.host_waits_backward else [])
+            t = (hw.host_adam_seconds(group.params, spec.host_optimizer, spec.spec_extra_bytes)
+                 + group.real_buckets * hw.sync_latency_s)
+            adam = graph.add(f"it{it}.hadam{p['j']}", HOST, t, deps, "host_adam", it)
             step_ops.append(adam)
-            if s.commit_bytes:
-                commit_t = grp.params * s.commit_bytes / (hw.host_adam_gbps[s.adam_kind] * 1e9)
-                step_ops.append(g.add(f"it{it}.commit{p['j']}", HOST, commit_t, [adam, validate],
-                                      "host_commit", it))
+            if spec.commit_bytes:
+                commit_t = group.params * spec.commit_bytes / (hw.host_adam_gbps[spec.host_optimizer] * 1e9)
+                step_ops.append(graph.add(f"it{it}.commit{p['j']}", HOST, commit_t, [adam, validate],
+                                          "host_commit", it))
             adams.append((p["j"], adam))
-        all_adams = g.barrier(f"it{it}.adams_done", [a for _, a in adams] + [validate], it)
+        return adams
+
+    def _returns(self, it: int, validate: int, adams: list[tuple[int, int]], unit_ready: dict[str, list[int]],
+                 step_ops: list[int]) -> None:
+        """The updated parameters' way back after each host step: host cast, H2D (pinned or pageable, per
+        bucket or after all steps), device cast; what each unit's next use waits for."""
+        spec, graph, costs = self.spec, self.graph, self.costs
+        all_adams = graph.barrier(f"it{it}.adams_done", [a for _, a in adams] + [validate], it)
         for j, adam in adams:
-            grp = self.groups[j]
-            streamed = sum(n for u, n in grp.pieces if self._is_streamed(u))
-            resident = grp.params - streamed
+            group = self.groups[j]
+            streamed = sum(n for u, n in group.pieces if self._is_streamed(u))
+            resident = group.params - streamed
             last = adam
-            if s.return_host_cast:
-                last = g.add(f"it{it}.rcast{j}", HOST, c.host_cast(grp.params), [last], "host_cast", it)
-            for unit, _ in grp.pieces:
+            if spec.return_host_cast:
+                last = graph.add(f"it{it}.rcast{j}", HOST, costs.host_cast(group.params), [last], "host_cast", it)
+            for unit, _ in group.pieces:
                 if self._is_streamed(unit):
                     unit_ready.setdefault(unit, []).append(last)  # next fetch reads the host copy
-            if s.return_bytes and resident and not (self.link_aliased and not s.return_device_cast):
-                deps = [last, validate] + ([all_adams] if s.return_after_all else [])
-                t = c.link("h2d", resident, s.return_bytes, grp.real_buckets, pageable=s.return_pageable)
-                if s.return_pageable:
+            if spec.return_bytes and resident and not (self.link_aliased and not spec.return_device_cast):
+                deps = [last, validate] + ([all_adams] if spec.return_after_all else [])
+                t = costs.link("h2d", resident, spec.return_bytes, group.real_buckets, pageable=spec.return_pageable)
+                last = graph.add(f"it{it}.h2d{j}", H2D, t, deps, "h2d", it)
+                if spec.return_pageable:
                     # a pageable copy is staged by the calling host thread: it blocks the host pool too
-                    last = g.add(f"it{it}.h2d{j}", H2D, t, deps, "h2d", it)
-                    step_ops.append(g.add(f"it{it}.h2dwait{j}", HOST, t, deps, "host_copy_wait", it))
-                else:
-                    last = g.add(f"it{it}.h2d{j}", H2D, t, deps, "h2d", it)
-                if s.return_device_cast:
-                    t = c.device_cast(resident)
-                    last = g.add(f"it{it}.rdcast{j}", COMPUTE, t, [last], "device_cast", it)
-                for unit, _ in grp.pieces:
+                    step_ops.append(graph.add(f"it{it}.h2dwait{j}", HOST, t, deps, "host_copy_wait", it))
+                if spec.return_device_cast:
+                    t = costs.device_cast(resident)
+                    last = graph.add(f"it{it}.rdcast{j}", COMPUTE, t, [last], "device_cast", it)
+                for unit, _ in group.pieces:
                     if not self._is_streamed(unit):
                         unit_ready.setdefault(unit, []).append(last)
                 step_ops.append(last)
             else:
                 if self.link_aliased:  # the step writes the weights in place: their next use waits for it
-                    for unit, _ in grp.pieces:
+                    for unit, _ in group.pieces:
                         if not self._is_streamed(unit):
                             unit_ready.setdefault(unit, []).append(last)
                 step_ops.append(last)
-        step_ops += self._step_overheads(it, validate, step_ops)
-        return unit_ready, step_ops
 
     def _step_overheads(self, it: int, validate: int, step_ops: list[int]) -> list[int]:
         """Per-step framework work after backward: torch.optim's per-tensor loop and clipping (systems
         stepping with torch AdamW; with the host steps, or on the device for torch), and the system's own
         step machinery, Python on the main thread: it holds the compute stream, and for the peers, whose
         step() runs the optimizer synchronously, it comes after the whole step."""
-        s, g, sh, hw = self.spec, self.g, self.w.shape, self.hw
+        spec, graph, shape, hw = self.spec, self.graph, self.w.shape, self.hw
         ops = []
-        opt_t = ov.optimizer_overhead_s(sh, hw, s.clipping) if s.adam_kind == "torch" else 0.0
+        opt_t = ov.optimizer_overhead_s(shape, hw, spec.clipping) if spec.host_optimizer == "torch" else 0.0
         if opt_t > 0:
-            res = COMPUTE if s.device_only else HOST
-            ops.append(g.add(f"it{it}.opt_overhead", res, opt_t, [validate], "optimizer_overhead", it))
-        buckets = ov.engine_buckets(sh, s.bucket_params) if s.name == "superoffload" else 0
-        sys_t = ov.system_step_overhead_s(s.name, sh, hw, buckets)
+            res = COMPUTE if spec.device_only else HOST
+            ops.append(graph.add(f"it{it}.opt_overhead", res, opt_t, [validate], "optimizer_overhead", it))
+        buckets = ov.engine_buckets(shape, spec.bucket_size) if spec.name == "superoffload" else 0
+        sys_t = ov.system_step_overhead_s(spec.name, shape, hw, buckets)
         if sys_t > 0:
-            after = [validate] + (step_ops + ops if s.forward_waits_all else [])
-            ops.append(g.add(f"it{it}.sys_overhead", COMPUTE, sys_t, after, "system_overhead", it))
+            after = [validate] + (step_ops + ops if spec.forward_waits_all else [])
+            ops.append(graph.add(f"it{it}.sys_overhead", COMPUTE, sys_t, after, "system_overhead", it))
         return ops
 
     def _is_streamed(self, unit: str) -> bool:
         return unit.startswith("L") and int(unit[1:]) in self.stream
 
 
+def _no_waits(unit: str) -> list[int]:
+    """Micro-batches after the first wait for nothing of the previous step (the first already did)."""
+    return []
+
+
 # ------------------------------------------------------------------------------------------ memory
-def flow_slots(prefetch_depth: int, flowed_layers: int) -> int:
-    """Device buffers of flowed layers at peak: ``prefetch_depth`` (= the engine's flow_prefetch + 1:
-    the block in use plus those fetched ahead), but no more than there are flowed layers."""
-    return min(prefetch_depth, flowed_layers)
+def flow_slots(flow_prefetch: int, flowed_layers: int) -> int:
+    """Device buffers of flowed layers at peak: ``flow_prefetch + 1`` (the block in use plus those
+    fetched ahead), but no more than there are flowed layers."""
+    return min(flow_prefetch + 1, flowed_layers)
 
 
 def estimate_memory(w: Workload, hw: HardwareProfile, spec: SystemSpec, opts: Options) -> MemoryEstimate:
@@ -427,11 +463,11 @@ def estimate_memory(w: Workload, hw: HardwareProfile, spec: SystemSpec, opts: Op
         m.device["adam_mv"] = 2 * FP32 * n
         m.device["autocast_bf16_weights"] = BF16 * n
         return m
-    _, tail = bk.split_params(sh, spec.tail_buckets, spec.bucket_params)
+    _, tail = bk.split_params(sh, spec.device_tail_buckets, spec.bucket_size)
     streamed = layer * len(spec.flow_layers)
     if spec.all_layers_stream:
         # two layers in flight: fp32 staging + bf16 copy, plus one layer's fp32 and bf16 grads
-        m.device["layer_buffers"] = spec.prefetch_depth * layer * (FP32 + BF16) + layer * (FP32 + BF16)
+        m.device["layer_buffers"] = (spec.flow_prefetch + 1) * layer * (FP32 + BF16) + layer * (FP32 + BF16)
         m.device["params_bf16_resident"] = BF16 * (n - layer * sh.layers)  # embedding/head stay
         m.host["params_fp32"] = FP32 * n
         m.host["grads_fp32"] = FP32 * n
@@ -441,10 +477,10 @@ def estimate_memory(w: Workload, hw: HardwareProfile, spec: SystemSpec, opts: Op
     if streamed:
         # the engine holds at most 1 + flow_prefetch flowed blocks at once, never more than flow
         # (its weight_flow stats: peak_resident_blocks)
-        m.device["flow_prefetch_slots"] = flow_slots(spec.prefetch_depth, len(spec.flow_layers)) * BF16 * layer
+        m.device["flow_prefetch_slots"] = flow_slots(spec.flow_prefetch, len(spec.flow_layers)) * BF16 * layer
         m.host["flow_bf16_copy"] = BF16 * streamed
     m.device["tail_optimizer_state"] = (ADAM_STATE + BF16) * tail
-    bucket = min(spec.bucket_params, n)
+    bucket = min(spec.bucket_size, n)
     m.device["layer_grads_bf16"] = BF16 * layer  # a block's grads before they are bucketed
     in_flight = 2  # buckets being cast / copied at once
     m.device["grad_staging"] = in_flight * bucket * (BF16 + (FP32 if spec.grad_device_cast else 0))
@@ -455,7 +491,7 @@ def estimate_memory(w: Workload, hw: HardwareProfile, spec: SystemSpec, opts: Op
     # gradients stay on the host until validation (speculation may have to redo the step)
     m.host["grads_fp32"] = FP32 * host_params
     if spec.name == "superoffload":
-        m.host["exactness"] = EXACT_EXTRA_HOST_BYTES[opts.exact_mode] * host_params if opts.speculation else 0
+        m.host["exactness"] = ROLLBACK_EXTRA_HOST_BYTES[opts.rollback_mode] * host_params if opts.speculation else 0
         m.host["slabs"] = 2 * in_flight * bucket * FP32
     return m
 
@@ -502,10 +538,10 @@ def _summarise(system: str, w: Workload, hw: HardwareProfile, opts: Options, spe
         tokens_per_s=tokens / period, tflops=model_flops / period / 1e12,
         mfu=model_flops / period / hw.device_peak_flops, hfu=hw_flops / period / hw.device_peak_flops,
         peak_hbm_bytes=mem.device_total, host_bytes=mem.host_total, fits=fits, memory=mem.to_dict(),
-        options={"bucket_params": spec.bucket_params, "tail_buckets": spec.tail_buckets,
-                 "adam_kind": spec.adam_kind, "speculation": not spec.host_waits_backward,
+        options={"bucket_size": spec.bucket_size, "device_tail_buckets": spec.device_tail_buckets,
+                 "host_optimizer": spec.host_optimizer, "speculation": not spec.host_waits_backward,
                  "flow_layers": sorted(spec.flow_layers),
-                 "cast": "device" if spec.grad_device_cast else ("host" if spec.grad_host_cast else "none"),
+                 "grad_cast": "device" if spec.grad_device_cast else ("host" if spec.grad_host_cast else None),
                  "activation_checkpointing": w.activation_checkpointing,
-                 "compute": "profiled" if b.c.profiled is not None else "op-model"},
+                 "compute": "profiled" if b.costs.profiled is not None else "op-model"},
         notes=list(spec.notes))

@@ -10,15 +10,11 @@ from pathlib import Path
 from superoffload.planner.hardware import GB
 from superoffload.planner.plan import Plan, PlanInfeasible, make_plan
 from superoffload.planner.presets import PRESETS, get_profile
-from superoffload.shapes import ModelShape
+from superoffload.shapes import ModelShape, get_shape
 
 
 def _shape(model: str | ModelShape) -> ModelShape:
-    if isinstance(model, ModelShape):
-        return model
-    from superoffload.harness.models.zoo import get_shape  # CLI layer: the engine side never imports the zoo
-
-    return get_shape(model)
+    return model if isinstance(model, ModelShape) else get_shape(model)
 
 
 def explain(model: str | ModelShape, seq: int, batch: int, hardware: str | Path = "gh200",
@@ -55,14 +51,16 @@ def format_plan(plan: Plan, shape: ModelShape) -> str:
         f"micro-batch {plan.batch}, on {plan.hardware}"
         f"{'' if plan.activation_checkpointing else ' (no activation checkpointing)'}",
         "",
-        f"  bucket_size_params   {plan.bucket_size_params:,} "
-        f"({plan.bucket_size_params * 4 / 2**20:.0f} MiB fp32)",
+        f"  bucket_size          {plan.bucket_size:,} elements "
+        f"({plan.bucket_size * 4 / 2**20:.0f} MiB fp32)",
         f"  device_tail_buckets  {plan.device_tail_buckets}",
-        f"  cast_policy          {plan.cast_policy}",
+        f"  grad_cast            {plan.grad_cast}",
+        f"  param_cast           {plan.param_cast}",
         f"  flow_layers          {_ranges(plan.flow_layers)} ({len(plan.flow_layers)} of {shape.layers})",
-        f"  host_adam            {plan.host_adam}",
-        f"  exact_mode           {plan.exact_mode}",
-        f"  speculation          {'on' if plan.speculation else 'off'}",
+        f"  flow_prefetch        {plan.flow_prefetch}",
+        f"  host_optimizer       {plan.host_optimizer}",
+        f"  rollback_mode        {plan.rollback_mode}",
+        f"  speculation          {str(plan.speculation).lower()}",
     ]
     if p is not None:
         lines += [
@@ -84,14 +82,27 @@ def format_plan(plan: Plan, shape: ModelShape) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
+    """Every user error is one line on stderr and exit status 2."""
     try:
-        print(explain(args.model, args.seq, args.batch, args.hardware,
-                      activation_checkpointing=not args.no_checkpointing, json=args.json,
-                      hbm_budget=args.hbm_budget_gb * GB if args.hbm_budget_gb else None))
+        for name in ("seq", "batch"):
+            if getattr(args, name) < 1:
+                raise ValueError(f"--{name} must be a positive integer, got {getattr(args, name)}")
+        if args.hbm_budget_gb is not None and not args.hbm_budget_gb > 0:
+            raise ValueError(f"--hbm-budget-gb must be > 0, got {args.hbm_budget_gb}")
+        text = explain(args.model, args.seq, args.batch, args.hardware,
+                       activation_checkpointing=not args.no_checkpointing, json=args.json,
+                       hbm_budget=args.hbm_budget_gb * GB if args.hbm_budget_gb else None)
     except PlanInfeasible as e:
-        print(f"infeasible: {e}", file=sys.stderr)
-        return 2
+        return _fail("infeasible", e)
+    except ValueError as e:  # unknown model or hardware, a bad profile file, a bad number
+        return _fail("error", e)
+    print(text)
     return 0
+
+
+def _fail(kind: str, e: Exception) -> int:
+    print(f"superoffload explain: {kind}: " + " ".join(str(e).split()), file=sys.stderr)
+    return 2
 
 
 def add_cli(subparsers: argparse._SubParsersAction) -> None:

@@ -58,7 +58,8 @@ def step_hardware_flops(shape: ModelShape, seq: int, batch: int, micro_steps: in
 
 
 def megatron_flops(shape: ModelShape, seq: int, batch: int, activation_checkpointing: bool) -> float:
-    """The Megatron-DeepSpeed throughput formula the paper's artifact prints (paper-figures.md §8b).
+    """The throughput formula the paper's artifact prints (``throughput_calculator`` in megatron/utils.py of
+    github.com/Supercomputing-System-AI-Lab/Megatron-DeepSpeed, branch superoffload).
 
     Counts recompute (x4 with checkpointing) and full, non-causal attention; for comparing with
     numbers printed by the authors' runs, not for our MFU.

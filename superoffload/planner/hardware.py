@@ -27,6 +27,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from superoffload.shapes import ModelShape
+
 GB = 1e9
 GiB = 2**30
 MB = 2**20
@@ -34,27 +36,36 @@ MB = 2**20
 ADAM_BYTES_PER_PARAM = 28  # fp32 AdamW: read p, g, m, v; write p, m, v
 CAST_BYTES_PER_ELEM = 6  # bf16 <-> fp32: 2 bytes one side, 4 the other
 
+# Host Adam kernel names of profiles written by earlier releases -> today's `host_optimizer` names (read
+# for one more release; docs/cost_model.md, "Field names").
+LEGACY_HOST_OPTIMIZERS = {"graceadam": "grace"}
+
 # Transfer sizes the presets and the calibration tabulate (1 MiB .. 1 GiB, factors of 4).
 CURVE_SIZES = [MB * 4**i for i in range(6)]
 
 
 @dataclass
-class LinkCurve:
-    """GB/s of one host<->device copy as a function of its size in bytes."""
+class Curve:
+    """A measured rate as a function of the size of one operation, interpolated in log(size).
+
+    For a link (``h2d_pinned``, ...): GB/s of one host<->device copy vs its size in bytes. For a compute
+    curve (``matmul_curve``, ``attention_curve``): GFLOP/s of one call vs its FLOPs. The field names are
+    the link's (``sizes``, ``gbps``), as profile JSON files store them.
+    """
 
     sizes: list[int]
     gbps: list[float]
 
     def __post_init__(self) -> None:
         if not self.sizes or len(self.sizes) != len(self.gbps):
-            raise ValueError("LinkCurve needs equally long, non-empty sizes and gbps lists")
+            raise ValueError("Curve needs equally long, non-empty sizes and gbps lists")
         if any(b <= a for a, b in zip(self.sizes, self.sizes[1:], strict=False)):
-            raise ValueError("LinkCurve sizes must be strictly increasing")
+            raise ValueError("Curve sizes must be strictly increasing")
         if any(g <= 0 for g in self.gbps):
-            raise ValueError("LinkCurve bandwidths must be positive")
+            raise ValueError("Curve rates must be positive")
 
     def bandwidth(self, nbytes: float) -> float:
-        """GB/s for a transfer of ``nbytes`` (log-size interpolation, clamped at the ends)."""
+        """The rate at size ``nbytes`` (log-size interpolation, clamped at the ends)."""
         if nbytes <= self.sizes[0]:
             return self.gbps[0]
         if nbytes >= self.sizes[-1]:
@@ -74,7 +85,7 @@ class LinkCurve:
 
     @classmethod
     def latency_bandwidth(cls, peak_gbps: float, latency_s: float,
-                          sizes: list[int] | None = None) -> LinkCurve:
+                          sizes: list[int] | None = None) -> Curve:
         """The curve of a link with a fixed per-copy cost: bw(s) = s / (latency + s / peak).
 
         Used by the presets, which have a spec'd peak but no published size sweep.
@@ -84,23 +95,26 @@ class LinkCurve:
                    gbps=[s / (latency_s + s / (peak_gbps * GB)) / GB for s in sizes])
 
 
+LinkCurve = Curve  # the name of earlier releases
+
+
 @dataclass
 class HardwareProfile:
     """One device + its host, as the cost model sees them."""
 
     name: str
     source: str  # "preset: ..." or "calibrated on <host> at <time>"
-    h2d_pinned: LinkCurve
-    d2h_pinned: LinkCurve
-    h2d_pageable: LinkCurve
-    d2h_pageable: LinkCurve
+    h2d_pinned: Curve
+    d2h_pinned: Curve
+    h2d_pageable: Curve
+    d2h_pageable: Curve
     device_matmul_flops: float  # achievable bf16 dense matmul FLOP/s (large GEMMs)
     device_peak_flops: float  # vendor dense bf16 peak, the denominator of MFU/HFU
     attention_factor: float  # attention kernels run at this fraction of device_matmul_flops
     device_hbm_bytes: int
     device_hbm_gbps: float
     device_cast_gbps: float  # cast traffic GB/s on the device (6 B/elem)
-    host_adam_gbps: dict[str, float]  # kind -> effective GB/s at 28 B/param
+    host_adam_gbps: dict[str, float]  # host_optimizer (grace | torch | cpuadam) -> effective GB/s at 28 B/param
     host_cores: int
     host_memory_bytes: int
     host_cast_gbps: float  # cast traffic GB/s on the host (6 B/elem)
@@ -110,16 +124,16 @@ class HardwareProfile:
     device_is_host: bool = False  # "cpu" profile: the device is the CPU and the link is a memcpy
     notes: list[str] = field(default_factory=list)
     # Small-op realism, measured by `calibrate` (None in the presets, which then model GEMMs and
-    # attention at large-GEMM speed only): achieved GFLOP/s of one GEMM call vs its FLOPs (a LinkCurve
+    # attention at large-GEMM speed only): achieved GFLOP/s of one GEMM call vs its FLOPs (a Curve
     # whose "sizes" are FLOPs and "gbps" GFLOP/s), streaming GB/s of elementwise ops (norms, GELU,
     # residual adds, the loss), and the dispatch cost of one small op.
-    matmul_curve: LinkCurve | None = None
+    matmul_curve: Curve | None = None
     elementwise_gbps: float | None = None
     op_overhead_s: float | None = None
     attention_bwd_ratio: float | None = None  # SDPA backward time / forward time (None: 2, like GEMMs)
-    # achieved GFLOP/s of one causal SDPA forward vs its FLOPs (a LinkCurve like matmul_curve); None:
+    # achieved GFLOP/s of one causal SDPA forward vs its FLOPs (a Curve like matmul_curve); None:
     # attention at attention_factor x device_matmul_flops whatever its size
-    attention_curve: LinkCurve | None = None
+    attention_curve: Curve | None = None
     # Framework overhead, measured by `calibrate` with microbenchmarks of their own (None in the presets:
     # no public spec gives them, and on a large GPU model they are noise; profiles without them keep
     # the model above). Counts (modules, parameter tensors) come from the model structure (overhead.py).
@@ -128,21 +142,21 @@ class HardwareProfile:
     optimizer_tensor_s: float | None = None  # per parameter tensor: clip_grad_norm_ + fused AdamW + zero_grad
     clip_gbps: float | None = None  # global-norm clipping traffic at 12 B/param (norm read, scale read+write)
     # per system: the step machinery (hooks, flattening, communication layer, the engine's per-bucket
-    # work) outside the modelled ops, measured on a degenerate model (calibrate_systems.py) as
+    # work) outside the modelled ops, measured on a degenerate model (superoffload/calibrate/systems.py) as
     # {"fixed_s", "per_layer_s", "per_tensor_s", "per_bucket_s", "per_param_s" (+ "per_param_raw_s")}
     system_step_s: dict[str, dict[str, float]] | None = None
-    # profiled compute of named workloads (calibrate --workloads; calibrate_compute.py): per
+    # profiled compute of named workloads (calibrate --workloads; superoffload/calibrate/compute.py): per
     # "MODEL:sSEQ:bBATCH", the forward/backward seconds of one block and of the rest of the harness's
     # model, with the shape signature and dtype they were measured at. Used instead of the op-level terms
     # for a workload whose shape and dtype match; None in the presets.
     compute_profiles: dict[str, dict[str, Any]] | None = None
 
     # --- derived rates ---------------------------------------------------------------------------
-    def host_adam_seconds(self, params: float, kind: str, extra_bytes_per_param: float = 0.0) -> float:
+    def host_adam_seconds(self, params: float, host_optimizer: str, extra_bytes_per_param: float = 0.0) -> float:
         try:
-            gbps = self.host_adam_gbps[kind]
+            gbps = self.host_adam_gbps[host_optimizer]
         except KeyError:
-            raise ValueError(f"profile {self.name!r} has no host Adam rate for {kind!r}; "
+            raise ValueError(f"profile {self.name!r} has no host Adam rate for {host_optimizer!r}; "
                              f"has {sorted(self.host_adam_gbps)}") from None
         return params * (ADAM_BYTES_PER_PARAM + extra_bytes_per_param) / (gbps * GB)
 
@@ -154,7 +168,7 @@ class HardwareProfile:
         gbps = self.host_cast_gbps if on_host else self.device_cast_gbps
         return elems * CAST_BYTES_PER_ELEM / (gbps * GB)
 
-    def link(self, direction: str, pinned: bool = True) -> LinkCurve:
+    def link(self, direction: str, pinned: bool = True) -> Curve:
         if direction not in ("h2d", "d2h"):
             raise ValueError(f"direction must be 'h2d' or 'd2h', not {direction!r}")
         return getattr(self, f"{direction}_{'pinned' if pinned else 'pageable'}")
@@ -166,9 +180,11 @@ class HardwareProfile:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> HardwareProfile:
         d = dict(d)
+        if isinstance(d.get("host_adam_gbps"), dict):  # profiles written before the shared vocabulary
+            d["host_adam_gbps"] = {LEGACY_HOST_OPTIMIZERS.get(k, k): v for k, v in d["host_adam_gbps"].items()}
         for key in ("h2d_pinned", "d2h_pinned", "h2d_pageable", "d2h_pageable", "matmul_curve", "attention_curve"):
             if d.get(key) is not None:
-                d[key] = LinkCurve(**d[key])
+                d[key] = Curve(**d[key])
         known = set(cls.__dataclass_fields__)
         unknown = set(d) - known
         if unknown:
@@ -182,6 +198,18 @@ class HardwareProfile:
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> HardwareProfile:
         return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+def workload_key(model: str, seq: int, batch: int) -> str:
+    """The key of a workload in ``HardwareProfile.compute_profiles``."""
+    return f"{model}:s{seq}:b{batch}"
+
+
+def shape_signature(shape: ModelShape) -> str:
+    """What must match for a ``compute_profiles`` entry to apply (a name alone may be reused with other
+    sizes)."""
+    return (f"{shape.family}:L{shape.layers}:h{shape.hidden}:f{shape.ffn_hidden}:a{shape.heads}:"
+            f"kv{shape.n_kv_heads}:V{shape.vocab}:g{int(shape.gated_mlp)}:t{int(shape.tied_embeddings)}")
 
 
 def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> None:

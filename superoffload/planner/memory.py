@@ -15,7 +15,8 @@ from superoffload.shapes import ModelShape
 BF16 = 2
 FP32 = 4
 ADAM_STATE = 3 * FP32  # fp32 master, m, v
-EXACT_EXTRA_HOST_BYTES = {"none": 0, "deferred": 0, "full_copy": ADAM_STATE}
+# host bytes/param that exact rollback keeps: full_copy double-buffers master, m and v
+ROLLBACK_EXTRA_HOST_BYTES = {"deferred": 0, "full_copy": ADAM_STATE}
 
 
 def act_bytes_per_token(shape: ModelShape) -> int:

@@ -89,8 +89,8 @@ def system_step_overhead_s(system: str, shape: ModelShape, hw: HardwareProfile, 
             + c.get("per_param_s", 0.0) * shape.total_params())
 
 
-def engine_buckets(shape: ModelShape, bucket_params: int) -> int:
-    """Buckets as the SuperOffload engine packs them (buckets.pack_buckets, = engine/layout.py)."""
+def engine_buckets(shape: ModelShape, bucket_size: int) -> int:
+    """Buckets as the SuperOffload engine packs them (``superoffload.packing``, via buckets.pack_buckets)."""
     from superoffload.planner.buckets import pack_buckets
 
-    return len(pack_buckets(shape, bucket_params))
+    return len(pack_buckets(shape, bucket_size))

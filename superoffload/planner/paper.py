@@ -1,8 +1,9 @@
 """Predictions of the paper's single-GH200 results from the cost model, beside the paper's numbers.
 
-Settings follow reference/paper-figures.md ("Figures a reproduction harness should regenerate", §3b,
-§3c, §4). Nothing here is tuned to the paper: the constants are the gh200 preset's (specs and
-microbenchmarks) and the errors are reported as they come out.
+Settings follow the authors' artifact (github.com/Supercomputing-System-AI-Lab/SuperOffload: the
+per-figure launch scripts and model.json) and the paper's figures (arXiv 2509.21271); docs/cost_model.md,
+"Paper comparison", lists them. Nothing here is tuned to the paper: the constants are the gh200 preset's
+(specs and microbenchmarks) and the errors are reported as they come out.
 
 Run: ``python -m superoffload.planner.paper`` (markdown table on stdout).
 """
@@ -16,7 +17,7 @@ from superoffload.planner.costmodel import Prediction, Workload, predict
 from superoffload.planner.hardware import HardwareProfile
 from superoffload.planner.plan import PlanInfeasible, check_feasible, make_plan
 from superoffload.planner.presets import get_profile
-from superoffload.shapes import ModelShape
+from superoffload.shapes import MODELS, ModelShape, get_shape
 
 FIG10_SIZES = ["1b", "2b", "3b", "4b", "5b", "6b", "7b", "8b", "10b", "12b", "13b", "15b", "20b", "25b"]
 FIG10_SYSTEMS = ["torch", "fsdp_offload", "zero_offload", "zero_infinity", "ds_superoffload", "superoffload"]
@@ -26,8 +27,6 @@ ABLATION_MODEL = "gpt-13b"  # the paper's ablation model is MISSING; a mid-size 
 
 
 def _shape(label: str) -> ModelShape:
-    from superoffload.harness.models.zoo import get_shape  # the zoo lives on the harness side
-
     return get_shape(label if label.startswith(("gpt-", "llama", "qwen", "phi")) else f"gpt-{label}")
 
 
@@ -59,8 +58,6 @@ def fig10(hw: HardwareProfile) -> dict[str, dict[str, Prediction | None]]:
 
 def largest_model(system: str, hw: HardwareProfile) -> tuple[str | None, int]:
     """Largest artifact GPT model that fits one chip at the Fig 13 settings (label, params)."""
-    from superoffload.harness.models.zoo import MODELS
-
     best: tuple[str | None, int] = (None, 0)
     for name, shape in MODELS.items():
         if not name.startswith("gpt-") or name in ("gpt-tiny", "gpt-small"):
@@ -87,21 +84,24 @@ def ablation(hw: HardwareProfile, model: str = ABLATION_MODEL) -> list[tuple[str
     shape = _shape(model)
     plan = make_plan(shape, FIG10_SEQ, FIG10_BATCH, hw)
     w = Workload(shape, FIG10_SEQ, FIG10_BATCH, True)
-    base = replace(plan.options(), host_adam="cpuadam", cast_policy="host", speculation=False,
-                   device_tail_buckets=0)
+    host = {"grad_cast": "host", "param_cast": "host"}
+    device = {"grad_cast": "device", "param_cast": "device"}
+    base = replace(plan.options(), host_optimizer="cpuadam", **host, speculation=False, device_tail_buckets=0)
     stack = [("baseline", base),
-             ("+GraceAdam", replace(base, host_adam="graceadam")),
-             ("+casting", replace(base, host_adam="graceadam", cast_policy="device")),
-             ("+STV", replace(base, host_adam="graceadam", cast_policy="device", speculation=True))]
+             ("+GraceAdam", replace(base, host_optimizer="grace")),
+             ("+casting", replace(base, host_optimizer="grace", **device)),
+             ("+STV", replace(base, host_optimizer="grace", **device, speculation=True))]
     out = [(name, predict("superoffload", w, hw, o).step_time_s) for name, o in stack]
-    full = make_plan(shape, FIG10_SEQ, FIG10_BATCH, hw, host_adam="graceadam")
+    full = make_plan(shape, FIG10_SEQ, FIG10_BATCH, hw, host_optimizer="grace")
     assert full.predicted is not None
     out.append(("+repartitioning", full.predicted.step_time_s))
     return out
 
 
 def _blog_tflops(shape: ModelShape, seq: int, batch: int, step_s: float) -> float:
-    """DeepSpeedExamples formula (paper-figures.md §10): recompute counted, no causal halving."""
+    """The TFLOPS formula of DeepSpeedExamples' SuperOffload fine-tuning scripts, which the blog's numbers
+    use (github.com/deepspeedai/DeepSpeedExamples, training/DeepSpeed-SuperOffload): recompute counted,
+    no causal halving."""
     c = 4  # activation checkpointing on in the shipped scripts
     per_sample = 2 * c * shape.total_params() * seq + 4 * c * shape.layers * shape.hidden * seq * seq
     return batch * per_sample / step_s / 1e12
@@ -124,7 +124,7 @@ def paper_comparison(hardware: str | HardwareProfile = "gh200") -> list[dict[str
         rows.append(_row("abstract", "fig10 sweep, max", "superoffload/zero_offload", round(max(r), 2),
                          2.5, "V", "paper: 'up to 2.5x' vs SOTA offloading; its setting is MISSING"))
         rows.append(_row("fig10", "fig10 sweep, mean", "superoffload/zero_offload",
-                         round(sum(r) / len(r), 2), 2.0, "S", "'~2x average over ZeRO-Offload' (S9)"))
+                         round(sum(r) / len(r), 2), 2.0, "S", "'~2x average over ZeRO-Offload' (secondary summary)"))
     # GPU utilisation claim (~50% -> >80%)
     mid = f10["13b"]
     for system, paper in (("zero_offload", 0.5), ("superoffload", 0.8)):

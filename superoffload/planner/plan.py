@@ -1,16 +1,18 @@
 """The planner: choose the SuperOffload engine's knobs for one model, workload and machine.
 
 Every choice is made by the cost model (``costmodel.predict``) or by a memory bound, and each one
-leaves a sentence with its numbers in ``Plan.reasons``. The engine consumes
-``bucket_size_params``, ``device_tail_buckets``, ``cast_policy`` and ``flow_layers``.
+leaves a sentence with its numbers in ``Plan.reasons``. The choices carry the engine's config names and
+values (``superoffload.options``); ``Plan.engine_options()`` is the dict the engine config merges.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
+from superoffload.options import CastSide, HostOptimizer, RollbackMode
 from superoffload.planner import buckets as bk
 from superoffload.planner.costmodel import (
     Prediction,
@@ -19,8 +21,8 @@ from superoffload.planner.costmodel import (
     layer_forward_seconds,
     predict,
 )
-from superoffload.planner.hardware import GB, MB, HardwareProfile
-from superoffload.planner.memory import ADAM_STATE, BF16, EXACT_EXTRA_HOST_BYTES, act_bytes_per_token
+from superoffload.planner.hardware import GB, LEGACY_HOST_OPTIMIZERS, MB, HardwareProfile
+from superoffload.planner.memory import ADAM_STATE, BF16, ROLLBACK_EXTRA_HOST_BYTES, act_bytes_per_token
 from superoffload.planner.systems import Options, system_spec
 from superoffload.shapes import ModelShape
 
@@ -32,7 +34,19 @@ FULL_COPY_MIN_GAIN = 0.01  # full_copy costs 12 B/param of host memory: take it 
 
 
 class PlanInfeasible(ValueError):
-    """The request cannot fit; the message gives bytes needed vs available and what would help."""
+    """The request cannot fit; the message gives bytes needed vs available and what would help, and
+    ``memory`` ("host" or "device"), ``need_bytes`` and ``available_bytes`` say it as data."""
+
+    def __init__(self, message: str, memory: str = "", need_bytes: float = 0.0,
+                 available_bytes: float = 0.0) -> None:
+        super().__init__(message)
+        self.memory, self.need_bytes, self.available_bytes = memory, need_bytes, available_bytes
+
+
+# The plan's fields that are engine config keys (all in superoffload.options.SHARED_KEYS)
+ENGINE_KEYS = ("bucket_size", "device_tail_buckets", "speculation", "rollback_mode", "grad_cast", "param_cast",
+               "host_optimizer", "flow_layers", "flow_prefetch", "grad_accum")
+CAST_KEYS = ("grad_cast", "param_cast")
 
 
 @dataclass
@@ -42,35 +56,82 @@ class Plan:
     batch: int
     hardware: str
     activation_checkpointing: bool
-    bucket_size_params: int
+    bucket_size: int  # elements
     device_tail_buckets: int
-    cast_policy: str
+    grad_cast: CastSide
+    param_cast: CastSide
     flow_layers: list[int]
-    host_adam: str
-    exact_mode: str
+    host_optimizer: HostOptimizer
+    rollback_mode: RollbackMode
     speculation: bool
     hbm_budget_bytes: float
     grad_accum: int = 1
+    flow_prefetch: int = 1  # what the memory estimate assumed (the engine's default)
     predicted: Prediction | None = None
     reasons: list[str] = field(default_factory=list)
 
+    def engine_options(self, precision: str = "bf16") -> dict[str, Any]:
+        """The plan as engine config keys and values, to merge over the engine's defaults. With fp32
+        weights there is nothing to cast, so ``grad_cast``/``param_cast`` stay the engine's."""
+        out = {k: getattr(self, k) for k in ENGINE_KEYS}
+        out["flow_layers"] = list(self.flow_layers)
+        if precision == "fp32":
+            for k in CAST_KEYS:
+                del out[k]
+        return out
+
     def options(self) -> Options:
-        return Options(speculation=self.speculation, device_tail_buckets=self.device_tail_buckets,
-                       bucket_size_params=self.bucket_size_params, cast_policy=self.cast_policy,
-                       host_adam=self.host_adam, flow_layers=tuple(self.flow_layers),
-                       exact_mode=self.exact_mode, grad_accum=self.grad_accum)
+        """The cost model's options for this plan (what ``predicted`` was computed with)."""
+        return Options(**{**self.engine_options(), "flow_layers": tuple(self.flow_layers)})
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["predicted"] = self.predicted.to_dict() if self.predicted else None
         return d
 
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Plan:
+        """A plan as ``to_dict`` wrote it, e.g. a run record's ``plan`` block. Blocks written before the
+        shared vocabulary (``bucket_size_params``, ``host_adam`` = graceadam | ..., ``exact_mode``,
+        ``cast_policy``) are read too, for one more release (docs/cost_model.md, "Field names")."""
+        d = _legacy_plan_fields(dict(d))
+        if isinstance(d.get("predicted"), Mapping):
+            d["predicted"] = Prediction(**d["predicted"])
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"unknown Plan fields: {sorted(unknown)}")
+        return cls(**d)
+
+
+def _legacy_plan_fields(d: dict[str, Any]) -> dict[str, Any]:
+    if "bucket_size_params" in d:
+        d["bucket_size"] = d.pop("bucket_size_params")
+    if "host_adam" in d:
+        kind = d.pop("host_adam")
+        d["host_optimizer"] = LEGACY_HOST_OPTIMIZERS.get(kind, kind)
+    if "exact_mode" in d:
+        mode = d.pop("exact_mode")
+        d["rollback_mode"] = "deferred" if mode == "none" else mode
+    if "cast_policy" in d:
+        policy = d.pop("cast_policy")
+        d.setdefault("grad_cast", policy)
+        d.setdefault("param_cast", policy)
+    return d
+
+
+def _check_workload(seq: int, batch: int, grad_accum: int) -> None:
+    for name, value in (("seq", seq), ("batch", batch), ("grad_accum", grad_accum)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
 
 def _gb(x: float) -> str:
     return f"{x / GB:.1f} GB"
 
 
-def best_host_adam(hw: HardwareProfile) -> str:
+def best_host_optimizer(hw: HardwareProfile) -> str:
+    """The host Adam kernel with the highest rate in the profile."""
     return max(hw.host_adam_gbps, key=lambda k: hw.host_adam_gbps[k])
 
 
@@ -86,21 +147,61 @@ def saturating_bucket_bytes(hw: HardwareProfile, share: float = LINK_SATURATION)
 
 def make_plan(shape: ModelShape, seq: int, batch: int, hardware: HardwareProfile,
               activation_checkpointing: bool = True, hbm_budget: float | None = None,
-              grad_accum: int = 1, host_adam: str | None = None) -> Plan:
-    """Choose flow layers, bucket size, device tail, casting policy and exactness mode."""
+              grad_accum: int = 1, host_optimizer: str | None = None) -> Plan:
+    """Choose flow layers, bucket size, device tail, casting and rollback mode."""
+    _check_workload(seq, batch, grad_accum)
     hw = hardware
     w = Workload(shape, seq, batch, activation_checkpointing)
     budget = float(hw.device_hbm_bytes if hbm_budget is None else hbm_budget)
     n = shape.total_params()
     reasons: list[str] = []
-    kind = host_adam or best_host_adam(hw)
+    kind = host_optimizer or best_host_optimizer(hw)
     reasons.append(f"Host Adam kernel: {kind} at {hw.host_adam_gbps[kind]:.0f} GB/s effective "
                    f"({hw.host_adam_gbps[kind] * 1e9 / 28 / 1e9:.2f} Gparam/s at 28 B/param).")
 
     # 1. bucket size from the link curve, bounded by pipelining and staging memory
+    bucket = _choose_bucket(n, hw, budget, reasons)
+
+    # 2. host memory and rollback mode
+    opts = Options(bucket_size=bucket, host_optimizer=kind, grad_accum=grad_accum)
+    rollback = _choose_rollback_mode(w, hw, opts, reasons)
+    opts = replace(opts, rollback_mode=rollback)
+
+    # 3. flow layers if HBM forces them
+    flow = _choose_flow(w, hw, opts, budget, reasons)
+    opts = replace(opts, flow_layers=tuple(flow))
+
+    # 4. casting, by the cost model
+    cast = _choose_cast(w, hw, opts, reasons)
+    opts = replace(opts, grad_cast=cast, param_cast=cast)
+
+    # 5. device tail buckets: minimise the step under the HBM budget
+    tail, pred = _choose_tail(w, hw, opts, budget, reasons)
+    opts = replace(opts, device_tail_buckets=tail)
+
+    # 6. speculation: it uses a host that would otherwise wait for backward; when the device *is* the
+    # host there is no idle processor, and the speculative pass plus the deferred commit cost cores
+    # that backward needs (docs/cost_model.md, planner step 7, has the measurement). Both give the same bits.
+    speculation = not hw.device_is_host
+    if not speculation:
+        reasons.append("Speculation: off: the device is the host, so there is no idle host to overlap "
+                       "with backward; validate-then-step is the same arithmetic with one pass fewer.")
+        pred = predict("superoffload", w, hw, replace(opts, speculation=False))
+    else:
+        rollback, pred = _prefer_full_copy(w, hw, replace(opts, rollback_mode=rollback), pred, reasons)
+    return Plan(model=shape.name, seq=seq, batch=batch, hardware=hw.name,
+                activation_checkpointing=activation_checkpointing, bucket_size=bucket,
+                device_tail_buckets=tail, grad_cast=cast, param_cast=cast, flow_layers=list(flow),
+                host_optimizer=kind, rollback_mode=rollback, speculation=speculation, hbm_budget_bytes=budget,
+                grad_accum=grad_accum, flow_prefetch=opts.flow_prefetch, predicted=pred, reasons=reasons)
+
+
+def _choose_bucket(params: int, hw: HardwareProfile, budget: float, reasons: list[str]) -> int:
+    """Elements per bucket: the smallest copy that saturates the link, capped so there are at least
+    MIN_BUCKETS buckets to pipeline and the staging buffers stay under STAGING_SHARE of the HBM budget."""
     sat = saturating_bucket_bytes(hw)
     bucket = max(1, sat // 4)  # fp32 gradient elements (device-cast policy moves 4 B/param)
-    bound_pipe = max(1, n // MIN_BUCKETS)
+    bound_pipe = max(1, params // MIN_BUCKETS)
     bound_mem = max(1, int(STAGING_SHARE * budget / (2 * (BF16 + 4) + 2 * 4)))
     chosen = min(bucket, bound_pipe, bound_mem)
     reasons.append(
@@ -109,21 +210,15 @@ def make_plan(shape: ModelShape, seq: int, batch: int, hardware: HardwareProfile
         f"= {bucket / 1e6:.1f}M fp32 params"
         + (f"; capped to {chosen / 1e6:.1f}M so there are >= {MIN_BUCKETS} buckets and staging stays "
            f"under {STAGING_SHARE:.0%} of HBM" if chosen < bucket else "") + ".")
-    bucket = chosen
+    return chosen
 
-    # 2. host memory and exactness mode
-    opts = Options(bucket_size_params=bucket, host_adam=kind, grad_accum=grad_accum)
-    exact = _choose_exact_mode(w, hw, opts, reasons)
-    opts = replace(opts, exact_mode=exact)
 
-    # 3. flow layers if HBM forces them
-    flow = _choose_flow(w, hw, opts, budget, reasons)
-    opts = replace(opts, flow_layers=tuple(flow))
-
-    # 4. casting policy, by the cost model
-    preds = {c: predict("superoffload", w, hw, replace(opts, cast_policy=c)) for c in ("device", "host")}
+def _choose_cast(w: Workload, hw: HardwareProfile, opts: Options, reasons: list[str]) -> str:
+    """Where bf16 <-> fp32 casts run, the same side for gradients and parameters: both are simulated and
+    the faster wins (a tie goes to the device)."""
+    preds = {c: predict("superoffload", w, hw, replace(opts, grad_cast=c, param_cast=c)) for c in ("device", "host")}
     cast = min(preds, key=lambda c: (preds[c].step_time_s, c != "device"))
-    link_bw = hw.link("d2h").bandwidth(sat)
+    link_bw = hw.link("d2h").bandwidth(saturating_bucket_bytes(hw))
     # bytes / (GB/s) is nanoseconds; x1e3 gives picoseconds per parameter
     dev_ps = (6 / hw.device_cast_gbps + 4 / link_bw) * 1e3
     host_ps = (2 / link_bw + 6 / hw.host_cast_gbps) * 1e3
@@ -133,41 +228,21 @@ def make_plan(shape: ModelShape, seq: int, batch: int, hardware: HardwareProfile
         f"host cast {host_ps:.1f} ps (host cast {hw.host_cast_gbps:.0f} GB/s, on the pool that also runs "
         f"Adam); predicted step {preds['device'].step_time_s * 1e3:.1f} ms (device) vs "
         f"{preds['host'].step_time_s * 1e3:.1f} ms (host).")
-    opts = replace(opts, cast_policy=cast)
-
-    # 5. device tail buckets: minimise the step under the HBM budget
-    tail, pred = _choose_tail(w, hw, opts, budget, reasons)
-    opts = replace(opts, device_tail_buckets=tail)
-
-    # 6. speculation: it uses a host that would otherwise wait for backward; when the device *is* the
-    # host there is no idle processor, and the speculative pass plus the deferred commit cost cores
-    # that backward needs (measured on gpt-small, 2 cores: 1.22x the torch step with speculation,
-    # 1.09x without; benchmarks/engine_bench.py overhead [-o speculation=true]). Both give the same bits.
-    speculation = not hw.device_is_host
-    if not speculation:
-        reasons.append("Speculation: off: the device is the host, so there is no idle host to overlap "
-                       "with backward; validate-then-step is the same arithmetic with one pass fewer.")
-        pred = predict("superoffload", w, hw, replace(opts, speculation=False))
-    else:
-        exact, pred = _prefer_full_copy(w, hw, replace(opts, exact_mode=exact), pred, reasons)
-    return Plan(model=shape.name, seq=seq, batch=batch, hardware=hw.name,
-                activation_checkpointing=activation_checkpointing, bucket_size_params=bucket,
-                device_tail_buckets=tail, cast_policy=cast, flow_layers=list(flow), host_adam=kind,
-                exact_mode=exact, speculation=speculation, hbm_budget_bytes=budget, grad_accum=grad_accum,
-                predicted=pred, reasons=reasons)
+    return cast
 
 
 def check_feasible(shape: ModelShape, seq: int, batch: int, hardware: HardwareProfile,
                    activation_checkpointing: bool = True, hbm_budget: float | None = None,
                    grad_accum: int = 1) -> None:
     """Raise PlanInfeasible if no plan fits memory (the memory half of ``make_plan``, no simulation)."""
+    _check_workload(seq, batch, grad_accum)
     hw = hardware
     w = Workload(shape, seq, batch, activation_checkpointing)
     budget = float(hw.device_hbm_bytes if hbm_budget is None else hbm_budget)
     bucket = min(max(1, saturating_bucket_bytes(hw) // 4), max(1, shape.total_params() // MIN_BUCKETS))
-    opts = Options(bucket_size_params=bucket, host_adam=best_host_adam(hw), grad_accum=grad_accum)
+    opts = Options(bucket_size=bucket, host_optimizer=best_host_optimizer(hw), grad_accum=grad_accum)
     reasons: list[str] = []
-    opts = replace(opts, exact_mode=_choose_exact_mode(w, hw, opts, reasons))
+    opts = replace(opts, rollback_mode=_choose_rollback_mode(w, hw, opts, reasons))
     _choose_flow(w, hw, opts, budget, reasons)
 
 
@@ -186,23 +261,24 @@ def _host_capacity(w: Workload, hw: HardwareProfile, opts: Options) -> float:
     return hw.host_memory_bytes - (_device_need(w, hw, opts) if hw.device_is_host else 0.0)
 
 
-def _choose_exact_mode(w: Workload, hw: HardwareProfile, opts: Options, reasons: list[str]) -> str:
+def _choose_rollback_mode(w: Workload, hw: HardwareProfile, opts: Options, reasons: list[str]) -> str:
     cap = _host_capacity(w, hw, opts)
     # deferred commit first: no extra memory. full_copy (12 B/param) is considered after the tail is
     # chosen (_prefer_full_copy), by the cost model, when speculation is on
     for mode in ("deferred",):
-        need = _host_need(w, hw, replace(opts, exact_mode=mode))
+        need = _host_need(w, hw, replace(opts, rollback_mode=mode))
         if need <= cap:
             reasons.append(
-                f"Exactness: '{mode}' ({EXACT_EXTRA_HOST_BYTES[mode]} B/param extra host memory; the commit "
+                f"Rollback mode: '{mode}' ({ROLLBACK_EXTRA_HOST_BYTES[mode]} B/param extra host memory; the commit "
                 f"pass runs during the next forward); host needs {_gb(need)} of {_gb(cap)}.")
             return mode
-    need = _host_need(w, hw, replace(opts, exact_mode="deferred"))
+    need = _host_need(w, hw, replace(opts, rollback_mode="deferred"))
     per_param = need / max(1, w.shape.total_params())
     raise PlanInfeasible(
         f"{w.shape.name}: host memory needs {need:.3e} bytes ({_gb(need)}, ~{per_param:.1f} B/param for fp32 "
         f"master, Adam m and v and gradients) but {hw.name} has {cap:.3e} bytes ({_gb(cap)}) usable. "
-        f"It would fit with a model of at most ~{cap / per_param / 1e9:.1f}B params or more host memory.")
+        f"It would fit with a model of at most ~{cap / per_param / 1e9:.1f}B params or more host memory.",
+        "host", need, cap)
 
 
 def _prefer_full_copy(w: Workload, hw: HardwareProfile, opts: Options, pred: Prediction,
@@ -210,14 +286,14 @@ def _prefer_full_copy(w: Workload, hw: HardwareProfile, opts: Options, pred: Pre
     """full_copy double-buffers the host state (12 B/param of host memory): its speculative pass writes
     the new state to the spare set and nothing runs after validation, where deferred needs a commit pass
     that competes with the next step's host work. Take it where it fits and the cost model says it wins."""
-    alt = replace(opts, exact_mode="full_copy")
+    alt = replace(opts, rollback_mode="full_copy")
     need, cap = _host_need(w, hw, alt), _host_capacity(w, hw, alt)
     if need > cap:
-        return opts.exact_mode, pred
+        return opts.rollback_mode, pred
     alt_pred = predict("superoffload", w, hw, alt)
     if alt_pred.step_time_s >= pred.step_time_s * (1 - FULL_COPY_MIN_GAIN):
-        return opts.exact_mode, pred
-    reasons.append(f"Exactness: 'full_copy' instead ({EXACT_EXTRA_HOST_BYTES['full_copy']} B/param extra host "
+        return opts.rollback_mode, pred
+    reasons.append(f"Rollback mode: 'full_copy' instead ({ROLLBACK_EXTRA_HOST_BYTES['full_copy']} B/param extra host "
                    f"memory, host needs {_gb(need)} of {_gb(cap)}): no commit pass after validation; predicted "
                    f"step {alt_pred.step_time_s * 1e3:.1f} ms vs {pred.step_time_s * 1e3:.1f} ms with 'deferred'.")
     return "full_copy", alt_pred
@@ -233,7 +309,7 @@ def _choose_flow(w: Workload, hw: HardwareProfile, opts: Options, budget: float,
         return []
     layer = sh.block_params()
     per_layer_saving = BF16 * layer
-    slots = opts.prefetch_depth * BF16 * layer
+    slots = (opts.flow_prefetch + 1) * BF16 * layer
     k = math.ceil((need - budget + slots) / per_layer_saving)
     if k > sh.layers or _device_need(w, hw, replace(opts, flow_layers=tuple(range(sh.layers)))) > budget:
         _raise_hbm(w, hw, opts, budget)
@@ -269,7 +345,8 @@ def _raise_hbm(w: Workload, hw: HardwareProfile, opts: Options, budget: float) -
     hints.append("a shorter sequence or a larger HBM budget")
     raise PlanInfeasible(
         f"{sh.name} seq {w.seq} batch {w.batch}: device memory needs {need:.3e} bytes ({_gb(need)}) but the "
-        f"budget is {budget:.3e} bytes ({_gb(budget)}). Would help: " + "; ".join(hints) + ".")
+        f"budget is {budget:.3e} bytes ({_gb(budget)}). Would help: " + "; ".join(hints) + ".",
+        "device", need, budget)
 
 
 def _choose_tail(w: Workload, hw: HardwareProfile, opts: Options, budget: float,
@@ -283,7 +360,7 @@ def _choose_tail(w: Workload, hw: HardwareProfile, opts: Options, budget: float,
     # the engine's buckets (whole tensors, uneven), last first: as many as their state fits in HBM
     free = budget - _device_need(w, hw, opts)
     max_tail = 0
-    for b in reversed(bk.pack_buckets(w.shape, opts.bucket_size_params)):
+    for b in reversed(bk.pack_buckets(w.shape, opts.bucket_size)):
         free -= TAIL_STATE_BYTES * sum(n for _, n in b)
         if free < 0:
             break
@@ -306,7 +383,7 @@ def _choose_tail(w: Workload, hw: HardwareProfile, opts: Options, budget: float,
         run(t)
     best = min(cache, key=lambda t: (round(cache[t].step_time_s, 9), t))
     p0, pb = cache[0], cache[best]
-    _, tail_params = bk.split_params(w.shape, best, opts.bucket_size_params)
+    _, tail_params = bk.split_params(w.shape, best, opts.bucket_size)
     reasons.append(
         f"Device tail: {best} bucket(s) ({tail_params / 1e6:.0f}M params, "
         f"{_gb(TAIL_STATE_BYTES * tail_params)} of HBM; room for up to {max_tail}) keep their Adam on the "

@@ -8,27 +8,28 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from superoffload.planner.hardware import ADAM_BYTES_PER_PARAM, GiB, HardwareProfile, LinkCurve
+from superoffload.planner.hardware import ADAM_BYTES_PER_PARAM, Curve, GiB, HardwareProfile
 
-# GraceAdam microbenchmark (authors' table, reference/paper-figures.md §5, 8B-parameter row):
-# seconds per full AdamW step of 8e9 params on Grace.
-_ADAM_8B_SECONDS = {"graceadam": 0.608, "cpuadam": 0.769, "torch": 1.834}
-_GRACE_LPDDR5X_GBPS = 500.0  # "72 cores, 500 GB/s LPDDR5" (paper-figures.md §1a, S10; vendor: up to 546)
+# GraceAdam microbenchmark (the authors' table in the DeepSpeed SuperOffload blog,
+# github.com/deepspeedai/DeepSpeed blogs/deepspeed-superoffload/images/superoffload_grace_adam.png, 8B row):
+# seconds per full AdamW step of 8e9 params on Grace (units not printed; 28 B/param at ~350 GB/s fits).
+ADAM_8B_SECONDS = {"grace": 0.608, "cpuadam": 0.769, "torch": 1.834}
+_GRACE_LPDDR5X_GBPS = 500.0  # Grace: "72 cores, 500 GB/s LPDDR5" (summaries of arXiv 2509.21271); NVIDIA: up to 546
 
 
 def _adam_gbps_from_table(scale: float = 1.0) -> dict[str, float]:
     """Effective GB/s at 28 B/param from the 8B row; ``scale`` moves it to another host."""
-    return {k: scale * 8e9 * ADAM_BYTES_PER_PARAM / t / 1e9 for k, t in _ADAM_8B_SECONDS.items()}
+    return {k: scale * 8e9 * ADAM_BYTES_PER_PARAM / t / 1e9 for k, t in ADAM_8B_SECONDS.items()}
 
 
 # Streaming efficiency: GraceAdam's effective bytes/s over Grace's spec bandwidth (368.4 / 500).
 # Applied to every bandwidth-bound kernel we have no measurement for (casts, device Adam, other hosts'
 # Adam), because a fused streaming pass is the same kind of work everywhere.
-STREAM_EFFICIENCY = _adam_gbps_from_table()["graceadam"] / _GRACE_LPDDR5X_GBPS
+STREAM_EFFICIENCY = _adam_gbps_from_table()["grace"] / _GRACE_LPDDR5X_GBPS
 
 # Link protocol efficiency: PCIe Gen5 x16 pinned copies reach ~55 GB/s of the 64 GB/s per-direction
-# spec (DeepSpeed PR #8283 table, reference/ecosystem.md §0.9). Assumed to hold for NVLink-C2C too,
-# for which no public measured sweep was found.
+# spec (H2D/D2H table of DeepSpeed PR #8283, github.com/deepspeedai/DeepSpeed/pull/8283). Assumed to hold
+# for NVLink-C2C too, for which no public measured sweep was found.
 LINK_EFFICIENCY = 55.0 / 64.0
 
 # Fixed cost per copy (driver call + DMA setup). Assumption, order of a cudaMemcpyAsync launch;
@@ -37,12 +38,12 @@ COPY_LATENCY_S = 10e-6
 SYNC_LATENCY_S = 10e-6  # event record + host wait wake-up; assumption, calibrate measures it
 
 # Pageable copies go through a driver staging buffer copied by one CPU thread: ~10-17 GB/s on PCIe
-# Gen5 hosts (project brief / DeepSpeed PR #8283); we use the middle. No public GH200 number was
+# Gen5 hosts (DeepSpeed PR #8283); we use the middle. No public GH200 number was
 # found, so the same staging limit is assumed there.
 PAGEABLE_GBPS = 14.0
 
 # Achievable vs peak matmul: TransformerEngine issue #2053 measured ~750 TFLOP/s for a large bf16
-# Linear on GH200 (reference/ecosystem.md §B) against the 989 TFLOP/s dense peak.
+# Linear on GH200 (github.com/NVIDIA/TransformerEngine/issues/2053) against the 989 TFLOP/s dense peak.
 MATMUL_EFFICIENCY = 750e12 / 989e12
 
 # FlashAttention-2 paper: up to ~335 TFLOP/s fwd+bwd on H100 SXM5, i.e. ~0.45 of the achievable
@@ -50,21 +51,24 @@ MATMUL_EFFICIENCY = 750e12 / 989e12
 ATTENTION_FACTOR = 335e12 / 750e12
 
 
-def _links(peak_gbps: float) -> dict[str, LinkCurve]:
-    pinned = LinkCurve.latency_bandwidth(peak_gbps * LINK_EFFICIENCY, COPY_LATENCY_S)
-    pageable = LinkCurve.latency_bandwidth(min(PAGEABLE_GBPS, peak_gbps * LINK_EFFICIENCY), COPY_LATENCY_S)
+def _links(peak_gbps: float) -> dict[str, Curve]:
+    pinned = Curve.latency_bandwidth(peak_gbps * LINK_EFFICIENCY, COPY_LATENCY_S)
+    pageable = Curve.latency_bandwidth(min(PAGEABLE_GBPS, peak_gbps * LINK_EFFICIENCY), COPY_LATENCY_S)
     return {"h2d_pinned": pinned, "d2h_pinned": pinned,
             "h2d_pageable": pageable, "d2h_pageable": pageable}
 
 
 def gh200() -> HardwareProfile:
-    hbm_gbps = 3000.0  # NVIDIA GH200 architecture blog (S12): "96 GB HBM3 at up to 3000 GB/s"
+    # NVIDIA, "NVIDIA Grace Hopper Superchip Architecture In-Depth" (developer.nvidia.com/blog):
+    # "96 GB HBM3 at up to 3000 GB/s"
+    hbm_gbps = 3000.0
     return HardwareProfile(
         name="gh200",
-        source="preset: NVIDIA GH200 specs (S2, S12), GraceAdam table (S3), TE#2053",
-        **_links(450.0),  # NVLink-C2C: 900 GB/s total = 450 GB/s per direction (S2)
+        source="preset: NVIDIA GH200 specs, the GraceAdam table of the DeepSpeed SuperOffload blog, "
+               "TransformerEngine#2053 (docs/cost_model.md, Constants and sources)",
+        **_links(450.0),  # NVLink-C2C: 900 GB/s total (NVIDIA; DeepSpeed SuperOffload blog) = 450 per direction
         device_matmul_flops=750e12,  # TE#2053 measured on GH200
-        device_peak_flops=989e12,  # Hopper dense bf16 peak (torchtitan table, ecosystem.md §B)
+        device_peak_flops=989e12,  # Hopper dense bf16 peak (torchtitan tools/utils.py get_peak_flops)
         attention_factor=ATTENTION_FACTOR,
         device_hbm_bytes=96 * GiB,  # 96 GB HBM3 (spec)
         device_hbm_gbps=hbm_gbps,
@@ -126,7 +130,7 @@ def cpu() -> HardwareProfile:
     (8 x 32 fp32 FLOP/cycle x 3e9 = 768 GFLOP/s peak). Meant for CI; calibrate replaces it.
     """
     mem_gbps = 2 * 38.4
-    memcpy = LinkCurve.latency_bandwidth(STREAM_EFFICIENCY * mem_gbps / 2, 2e-6)  # copy reads + writes
+    memcpy = Curve.latency_bandwidth(STREAM_EFFICIENCY * mem_gbps / 2, 2e-6)  # copy reads + writes
     peak = 8 * 32 * 3e9
     return HardwareProfile(
         name="cpu",
@@ -160,6 +164,10 @@ def get_profile(name_or_path: str | Path | HardwareProfile) -> HardwareProfile:
     if key in PRESETS:
         return PRESETS[key]()
     path = Path(key)
-    if path.is_file():
+    if not path.is_file():
+        raise ValueError(f"unknown hardware {key!r}: not a preset ({', '.join(PRESETS)}) and not a file")
+    try:
         return HardwareProfile.load(path)
-    raise ValueError(f"unknown hardware {key!r}: not a preset ({', '.join(PRESETS)}) and not a file")
+    except (OSError, ValueError, TypeError) as e:  # unreadable, not JSON, or not a profile's fields
+        raise ValueError(f"hardware profile {key}: not a profile written by `superoffload calibrate` "
+                         f"({type(e).__name__}: {e})") from None

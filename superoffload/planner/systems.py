@@ -2,30 +2,38 @@
 
 The graph builder (``costmodel``) knows one pipeline: device cast -> D2H -> host cast -> host Adam ->
 (commit) -> host cast -> H2D -> device cast, plus device Adam for tail buckets and per-layer weight
-fetches. A ``SystemSpec`` switches its stages on and off and says what waits for what. Behaviour of
-the peers is taken from reference/deepspeed-superoffload.md, reference/ecosystem.md §A and the
-artifact configs (paper-figures.md §2c); where it is inferred rather than read, the comment says so.
+fetches. A ``SystemSpec`` switches its stages on and off and says what waits for what. How the peers
+behave is read from DeepSpeed's and PyTorch's sources and the authors' artifact configs
+(docs/cost_model.md, "Systems", gives the sources); where it is inferred rather than read, the comment
+says so.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
+
+from superoffload.options import (
+    ENGINE_DEFAULTS,
+    SHARED_KEYS,
+    CastSide,
+    HostOptimizer,
+    Precision,
+    RollbackMode,
+    check_choice,
+)
 
 SYSTEMS = ("superoffload", "zero_offload", "zero_infinity", "fsdp_offload", "ds_superoffload", "torch")
-CAST_POLICIES = ("device", "host")
-PRECISIONS = ("bf16", "fp16", "fp32")
-ADAM_KINDS = ("graceadam", "cpuadam", "torch")
-# The engine's rollback modes (superoffload/engine/config.py `rollback_mode`) plus "none" (no speculation).
-EXACT_MODES = ("deferred", "full_copy", "none")
 
-# Extra host traffic per param that exactness costs (DESIGN.md "Exactness"). full_copy is double-buffered:
-# the speculative pass writes the new p, m, v to a spare set instead of in place, so the spare lines are
-# read for ownership (12 B) unless the kernel uses streaming stores (GraceAdam's x86 paths do; the NEON /
-# SVE paths of a Grace host do not, hence 12); commit is a buffer swap. The deferred commit is a second
-# pass after validation (re-reads p, m, v, g: ~16 B/param more than one in-place pass, run during the
-# next forward).
-EXACT_SPEC_EXTRA = {"full_copy": 12.0, "deferred": 0.0, "none": 0.0}
-EXACT_COMMIT_BYTES = {"full_copy": 0.0, "deferred": 16.0, "none": 0.0}
+# Extra host traffic per param that exact rollback costs a speculative step (docs/cost_model.md,
+# "Constants and sources"). full_copy is double-buffered: the speculative pass writes the new p, m, v to
+# a spare set instead of in place, so the spare lines are read for ownership (12 B) unless the kernel
+# uses streaming stores (GraceAdam's x86 paths do; the NEON / SVE paths of a Grace host do not, hence
+# 12); commit is a buffer swap. The deferred commit is a second pass after validation (re-reads p, m,
+# v, g: ~16 B/param more than one in-place pass, run during the next forward).
+ROLLBACK_SPEC_EXTRA = {"full_copy": 12.0, "deferred": 0.0}
+ROLLBACK_COMMIT_BYTES = {"full_copy": 0.0, "deferred": 16.0}
 
 DEEPSPEED_REDUCE_BUCKET = 500_000_000  # DeepSpeed default reduce_bucket_size (elements)
 ARTIFACT_PRISM_BUCKET = 600_000_000  # artifact prism config: reduce_bucket_size = sub_group_size = 6e8
@@ -34,51 +42,63 @@ ARTIFACT_PRISM_RATIO = 0.90  # artifact prism config `ratio`
 
 @dataclass
 class Options:
-    """Knobs. The SuperOffload engine reads the first group; the rest configure peers."""
+    """The knobs a prediction runs with. The first group are SuperOffload engine config keys, with the
+    engine's names and values (``superoffload.options``); the defaults are the planner's starting point,
+    not the engine's (``Options.from_engine_config`` reads an engine config). The rest configure peers."""
 
     speculation: bool = True
     device_tail_buckets: int = 0
-    bucket_size_params: int = 8 * 2**20
-    cast_policy: str = "device"
-    host_adam: str = "graceadam"
+    bucket_size: int = 8 * 2**20  # elements
+    grad_cast: CastSide = "device"
+    param_cast: CastSide = "device"
+    host_optimizer: HostOptimizer = "grace"
     flow_layers: tuple[int, ...] = ()
-    exact_mode: str = "deferred"
-    prefetch_depth: int = 2
+    rollback_mode: RollbackMode = "deferred"
+    flow_prefetch: int = 1  # blocks fetched ahead of use; the device holds flow_prefetch + 1 flowed blocks
     grad_accum: int = 1
-    # where the engine casts updated parameters; None: as cast_policy (the planner's one switch, which the
-    # harness applies to both sides). The engine's own default without a plan is grad device, param host.
-    param_cast: str | None = None
     # training precision: with fp32 weights nothing is cast and every copy moves 4 B/param
-    precision: str = "bf16"
+    precision: Precision = "bf16"
+    grad_clip: float = 1.0  # global-norm clipping threshold, 0 = off (DeepSpeed super_offload then speculates)
     # peers
-    clipping: bool = True  # gradient clipping on: DeepSpeed super_offload then does not speculate
     ds_ratio: float = ARTIFACT_PRISM_RATIO
-    ds_bucket_params: int = ARTIFACT_PRISM_BUCKET
-    zero_bucket_params: int = DEEPSPEED_REDUCE_BUCKET
+    ds_bucket_size: int = ARTIFACT_PRISM_BUCKET
+    zero_bucket_size: int = DEEPSPEED_REDUCE_BUCKET
+
+    @classmethod
+    def from_engine_config(cls, cfg: Mapping[str, Any], **peers: Any) -> Options:
+        """The options of a run made with engine config ``cfg`` (a ``SuperOffloadConfig.to_dict()``, as run
+        records store it): every shared knob is taken as it is; a key the dict lacks (a record written
+        before the key existed) gets the engine's default. ``peers``: the peer-only fields."""
+        values = {k: cfg.get(k, ENGINE_DEFAULTS[k]) for k in SHARED_KEYS}
+        values["flow_layers"] = tuple(values["flow_layers"] or ())
+        opts = cls(**values, **peers)
+        opts.validate()
+        return opts
+
+    @property
+    def clipping(self) -> bool:
+        return self.grad_clip > 0
 
     def validate(self) -> None:
-        if self.cast_policy not in CAST_POLICIES:
-            raise ValueError(f"cast_policy must be one of {CAST_POLICIES}")
-        if self.param_cast is not None and self.param_cast not in CAST_POLICIES:
-            raise ValueError(f"param_cast must be None or one of {CAST_POLICIES}")
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {PRECISIONS}")
-        if self.host_adam not in ADAM_KINDS:
-            raise ValueError(f"host_adam must be one of {ADAM_KINDS}")
-        if self.exact_mode not in EXACT_MODES:
-            raise ValueError(f"exact_mode must be one of {EXACT_MODES}")
-        if self.device_tail_buckets < 0 or self.bucket_size_params <= 0 or self.grad_accum < 1:
-            raise ValueError("device_tail_buckets >= 0, bucket_size_params > 0, grad_accum >= 1")
-        if self.prefetch_depth < 1:
-            raise ValueError("prefetch_depth must be >= 1")
+        check_choice("grad_cast", self.grad_cast, CastSide)
+        check_choice("param_cast", self.param_cast, CastSide)
+        check_choice("precision", self.precision, Precision)
+        check_choice("host_optimizer", self.host_optimizer, HostOptimizer)
+        check_choice("rollback_mode", self.rollback_mode, RollbackMode)
+        if self.device_tail_buckets < 0 or self.bucket_size <= 0 or self.grad_accum < 1:
+            raise ValueError("device_tail_buckets >= 0, bucket_size > 0, grad_accum >= 1")
+        if self.flow_prefetch < 0:
+            raise ValueError("flow_prefetch must be >= 0 (blocks fetched ahead; 0 = on demand)")
+        if self.grad_clip < 0:
+            raise ValueError("grad_clip must be >= 0 (0 = off)")
 
 
 @dataclass
 class SystemSpec:
     name: str
-    bucket_params: int
-    tail_buckets: int
-    adam_kind: str
+    bucket_size: int
+    device_tail_buckets: int
+    host_optimizer: HostOptimizer
     grad_d2h_bytes: int  # bytes/param on the link
     grad_device_cast: bool  # cast bf16 -> fp32 on the device before D2H
     grad_host_cast: bool  # D2H bf16, cast to fp32 on the host pool
@@ -98,7 +118,7 @@ class SystemSpec:
     fetch_device_cast: bool = False
     all_layers_stream: bool = False  # FSDP offload: every layer fetched for forward and backward
     device_only: bool = False  # torch: no host at all
-    prefetch_depth: int = 2
+    flow_prefetch: int = 1  # streamed layers fetched ahead; flow_prefetch + 1 layer buffers on the device
     grad_accum: int = 1
     clipping: bool = False  # global-norm clipping each step (its traffic is charged where measured)
     notes: list[str] = field(default_factory=list)
@@ -130,23 +150,23 @@ def _without_casts(spec: SystemSpec) -> None:
 def _system_spec(system: str, opts: Options, total_params: int) -> SystemSpec:
     opts.validate()
     if system == "superoffload":
-        device_cast = opts.cast_policy == "device"
-        param_device_cast = (opts.param_cast or opts.cast_policy) == "device"
-        fused_return_cast = not param_device_cast and opts.host_adam == "graceadam"
-        spec_extra = (EXACT_SPEC_EXTRA[opts.exact_mode] if opts.speculation else 0.0)
+        device_cast = opts.grad_cast == "device"
+        param_device_cast = opts.param_cast == "device"
+        fused_return_cast = not param_device_cast and opts.host_optimizer == "grace"
+        spec_extra = ROLLBACK_SPEC_EXTRA[opts.rollback_mode] if opts.speculation else 0.0
         return SystemSpec(
-            name=system, bucket_params=opts.bucket_size_params, tail_buckets=opts.device_tail_buckets,
-            adam_kind=opts.host_adam,
+            name=system, bucket_size=opts.bucket_size, device_tail_buckets=opts.device_tail_buckets,
+            host_optimizer=opts.host_optimizer,
             grad_d2h_bytes=4 if device_cast else 2, grad_device_cast=device_cast,
             grad_host_cast=not device_cast,
             host_waits_backward=not opts.speculation,
             # GraceAdam writes the bf16 upload copy in the same pass (+2 B) when parameters cast on the host
             spec_extra_bytes=spec_extra + (2.0 if fused_return_cast else 0.0),
             fused_cast_bytes=2.0 if fused_return_cast else 0.0,
-            commit_bytes=EXACT_COMMIT_BYTES[opts.exact_mode] if opts.speculation else 0.0,
+            commit_bytes=ROLLBACK_COMMIT_BYTES[opts.rollback_mode] if opts.speculation else 0.0,
             return_bytes=4 if param_device_cast else 2, return_device_cast=param_device_cast,
             return_host_cast=not param_device_cast and not fused_return_cast,
-            flow_layers=frozenset(opts.flow_layers), prefetch_depth=opts.prefetch_depth,
+            flow_layers=frozenset(opts.flow_layers), flow_prefetch=opts.flow_prefetch,
             grad_accum=opts.grad_accum)
     if system == "ds_superoffload":
         # ZeRO-3 sub-groups; the first (1 - ratio) share in flat order (= last in backward) stays on the
@@ -154,10 +174,10 @@ def _system_spec(system: str, opts: Options, total_params: int) -> SystemSpec:
         # cast with .float() on the GPU and copied fp32 [A]. Parameters return serially at the end
         # through copy_(fp32 cpu -> bf16 gpu), which casts on the CPU into a pageable temporary
         # [inferred from PyTorch copy_ semantics].
-        n_buckets = max(1, round(total_params / opts.ds_bucket_params))
+        n_buckets = max(1, round(total_params / opts.ds_bucket_size))
         tail = int((1.0 - opts.ds_ratio) * n_buckets)
         return SystemSpec(
-            name=system, bucket_params=opts.ds_bucket_params, tail_buckets=tail, adam_kind="cpuadam",
+            name=system, bucket_size=opts.ds_bucket_size, device_tail_buckets=tail, host_optimizer="cpuadam",
             grad_d2h_bytes=4, grad_device_cast=True, grad_host_cast=False,
             host_waits_backward=opts.clipping,
             return_bytes=2, return_host_cast=True, return_pageable=True, return_after_all=True,
@@ -169,7 +189,7 @@ def _system_spec(system: str, opts: Options, total_params: int) -> SystemSpec:
         # GPU [inferred]); DeepSpeed CPU-Adam runs after backward; parameters return through the
         # same pageable copy_ path; the next forward starts after the whole step.
         return SystemSpec(
-            name=system, bucket_params=opts.zero_bucket_params, tail_buckets=0, adam_kind="cpuadam",
+            name=system, bucket_size=opts.zero_bucket_size, device_tail_buckets=0, host_optimizer="cpuadam",
             grad_d2h_bytes=4, grad_device_cast=True, grad_host_cast=False, host_waits_backward=True,
             return_bytes=2, return_host_cast=True, return_pageable=True,
             return_after_all=system == "zero_offload",  # ZeRO-3 copies back per sub-group
@@ -180,13 +200,13 @@ def _system_spec(system: str, opts: Options, total_params: int) -> SystemSpec:
         # copied D2H per layer; torch's CPU AdamW runs after backward; nothing returns.
         layer = 1  # buckets are per layer; size set by the builder from the shape
         return SystemSpec(
-            name=system, bucket_params=layer, tail_buckets=0, adam_kind="torch",
+            name=system, bucket_size=layer, device_tail_buckets=0, host_optimizer="torch",
             grad_d2h_bytes=4, grad_device_cast=True, grad_host_cast=False, host_waits_backward=True,
             return_bytes=0, forward_waits_all=True, all_layers_stream=True, fetch_bytes=4,
-            fetch_device_cast=True, prefetch_depth=opts.prefetch_depth, grad_accum=opts.grad_accum)
+            fetch_device_cast=True, flow_prefetch=opts.flow_prefetch, grad_accum=opts.grad_accum)
     if system == "torch":
-        return SystemSpec(name=system, bucket_params=max(1, total_params), tail_buckets=1,
-                          adam_kind="torch", grad_d2h_bytes=0, grad_device_cast=False,
+        return SystemSpec(name=system, bucket_size=max(1, total_params), device_tail_buckets=1,
+                          host_optimizer="torch", grad_d2h_bytes=0, grad_device_cast=False,
                           grad_host_cast=False, host_waits_backward=True, return_bytes=0,
                           forward_waits_all=True, device_only=True, grad_accum=opts.grad_accum)
     raise ValueError(f"unknown system {system!r}; choose one of {', '.join(SYSTEMS)}")

@@ -6,11 +6,14 @@ import pytest
 
 from baselines._deepspeed import build_config, check_deepspeed_version
 from baselines.ds_superoffload import DSSuperOffloadSystem
+from baselines.fsdp_offload import FSDPOffloadSystem
 from baselines.zero_infinity import ZeroInfinitySystem, stage3_base
 from baselines.zero_offload import ZeroOffloadSystem
+from superoffload.cli.main import main as cli_main
 from superoffload.harness import runner
 from superoffload.harness.runner import run_benchmark, validate_run
 from superoffload.harness.system import RunConfig
+from superoffload.harness.systems.torch_system import TorchSystem
 
 
 def _run(system: str, dtype: str = "fp32", **options) -> RunConfig:
@@ -31,6 +34,7 @@ BAD = [
     ("ds_superoffload", "fp32", {"overlap_comm": "sometimes"}, "true or false"),
     ("fsdp_offload", "fp16", {}, "fp16"),
     ("fsdp_offload", "fp32", {"offload_param": True}, "no option 'offload_param'"),
+    ("torch", "fp32", {"bucket_size": 4}, r"system 'torch' has no option 'bucket_size' \(options: none\)"),
 ]
 
 
@@ -48,7 +52,7 @@ def test_bad_config_is_a_value_error_before_any_work(system, dtype, options, mes
         run_benchmark(run)
 
 
-@pytest.mark.parametrize("system", ["zero_offload", "zero_infinity", "ds_superoffload", "fsdp_offload"])
+@pytest.mark.parametrize("system", ["torch", "zero_offload", "zero_infinity", "ds_superoffload", "fsdp_offload"])
 def test_harness_options_are_accepted(system, tmp_path):
     data = tmp_path / "tokens.bin"
     data.write_bytes(b"\0" * 1024)
@@ -88,3 +92,33 @@ def test_config_sets_moved_defaults_explicitly():
     offl = stage3_base(True, offload_param=True, resident=False)
     assert offl["offload_param"] == {"device": "cpu", "pin_memory": True}
     assert offl["stage3_param_persistence_threshold"] == 100_000
+
+
+OWN_SYSTEMS = {"torch": TorchSystem, "zero_offload": ZeroOffloadSystem, "zero_infinity": ZeroInfinitySystem,
+               "ds_superoffload": DSSuperOffloadSystem, "fsdp_offload": FSDPOffloadSystem}
+
+
+@pytest.mark.parametrize("system", sorted(OWN_SYSTEMS))
+def test_every_adapter_names_itself_and_its_options_for_an_unknown_key(system):
+    """An option a system does not use is an error whose one line says which system and what it takes."""
+    cls = OWN_SYSTEMS[system]
+    valid = ", ".join(sorted(cls.OPTIONS)) or "none"
+    with pytest.raises(ValueError) as e:
+        validate_run(_run(system, not_an_option=1))
+    assert str(e.value) == f"system {system!r} has no option 'not_an_option' (options: {valid})"
+
+
+def test_cli_rejects_an_unused_option_before_building_a_model(tmp_path, capsys, monkeypatch):
+    def no_build(*a, **k):
+        raise AssertionError("a model was built before the option was checked")
+
+    monkeypatch.setattr(runner, "build_model", no_build)
+    out = tmp_path / "r.json"
+    argv = ["bench", "run", "--system", "torch", "--model", "gpt-tiny", "-o", "bucket_size=4", "--out", str(out)]
+    try:
+        rc = cli_main(argv)
+    except SystemExit as e:
+        rc = e.code
+    assert rc == 2 and not out.exists()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["superoffload bench run: error: system 'torch' has no option 'bucket_size' (options: none)"]

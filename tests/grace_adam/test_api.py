@@ -162,3 +162,38 @@ def test_kernel_releases_the_gil():
     # With the GIL held for ~`elapsed` seconds the spinner could only run at the switch interval edges.
     assert elapsed > 0.02
     assert during > 1000, f"second thread made no progress during the kernel ({during} ticks)"
+
+
+@requires_native
+def test_c_status_codes_are_named_in_errors():
+    assert _backend.status_name(-1) == "GA_EINVAL (invalid argument), status -1"
+    assert _backend.status_name(-2).startswith("GA_EUNSUPPORTED")
+    assert _backend.status_name(-99) == "unknown status, status -99"
+    bad = _backend.AdamArgs(n=-1)  # the C side refuses it; Python never sends it
+    assert _backend.status_name(_backend.LIB.ga_adam_step(bad, 1)).startswith("GA_EINVAL")
+
+
+@requires_native
+def test_isa_names_come_from_the_library():
+    lib = _backend.LIB
+    assert tuple(lib.ga_isa_name(i).decode() for i in range(len(_backend.ISA_NAMES))) == _backend.ISA_NAMES
+    assert _backend.ISA_NAMES[:1] == ("scalar",) and lib.ga_isa_name(len(_backend.ISA_NAMES)) == b"unknown"
+    assert grace_adam.isa() in _backend.ISA_NAMES
+
+
+@requires_native
+def test_struct_layout_checked_against_the_library(monkeypatch):
+    import ctypes
+    from pathlib import Path
+
+    path = Path(_backend.LIB._name)
+    assert _backend._check_abi(ctypes.CDLL(str(path)), path) == ""
+
+    class Grown(ctypes.Structure):  # a mirror with one field the C struct does not have
+        _fields_ = [*_backend.AdamArgs._fields_, ("extra", ctypes.c_int64)]
+
+    monkeypatch.setattr(_backend, "AdamArgs", Grown)
+    reason = _backend._check_abi(ctypes.CDLL(str(path)), path)
+    c_size = _backend.LIB.ga_sizeof_adam_args()
+    assert f"ga_adam_args is {c_size} bytes" in reason and f"AdamArgs is {c_size + 8}" in reason
+    assert "out of step" in reason

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -25,15 +27,15 @@ def test_build_to_path_and_load(tmp_path):
     assert r.returncode == 0 and r.stdout.startswith("True"), r.stderr
 
 
+SELFTEST = Path(__file__).resolve().parent / "csrc" / "ga_selftest.c"
+
+
 @pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
 def test_native_c_selftest_all_isas_bit_identical(tmp_path):
-    """csrc/ga_selftest.c on this machine's ISAs (the ARM ones run under qemu in test_arm.py)."""
-    import subprocess
-
-    lib = tmp_path / "libgrace_adam.so"
-    build.build_library(lib)
-    exe = tmp_path / "ga_selftest"
-    subprocess.run(["cc", "-O2", "-std=c11", f"-I{build.CSRC}", str(build.CSRC / "ga_selftest.c"), "-o", str(exe),
-                    f"-L{tmp_path}", "-lgrace_adam", f"-Wl,-rpath,{tmp_path}", "-lm"], check=True)
-    r = subprocess.run([str(exe), "quick"], capture_output=True, text=True, timeout=120, check=False)
+    """tests/grace_adam/csrc/ga_selftest.c on this machine's ISAs, built the way scripts/arm_test.sh builds
+    it for aarch64 (the ARM paths run under qemu in test_arm.py)."""
+    out = tmp_path / "libgrace_adam.so"
+    assert build.main(["--out", str(out), "--selftest", str(SELFTEST)]) == 0
+    r = subprocess.run([str(tmp_path / "ga_selftest"), "quick"], capture_output=True, text=True, timeout=120,
+                       check=False)
     assert r.returncode == 0 and "PASS" in r.stdout, r.stdout + r.stderr

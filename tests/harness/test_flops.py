@@ -22,7 +22,7 @@ def test_gpt_tiny_by_hand():
 
 
 def test_gpt_13b_matches_artifact_formula():
-    # paper-figures.md §2a: params ~ 12 L h^2 + 13 L h + V h for the artifact's models
+    # the artifact's models (docs/paper_numbers.md): params ~ 12 L h^2 + 13 L h + V h
     s = MODELS["gpt-13b"]
     L, h, V, seq = 65, 4096, 50432, 2048
     approx = 12 * L * h * h + 13 * L * h + V * h

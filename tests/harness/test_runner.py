@@ -1,5 +1,6 @@
 """Runner statistics, records (ok / oom / error), bad input, CLI."""
 
+import dataclasses
 import json
 import sys
 
@@ -148,3 +149,54 @@ def test_console_script_module_runs():
     r = subprocess.run([sys.executable, "-m", "superoffload", "bench", "run", "--help"], capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0 and "--system" in r.stdout
+
+
+# ------------------------------------------------------------------ memory: fail fast, in one line
+@pytest.mark.parametrize("system", ["torch", "superoffload"])
+def test_cli_refuses_a_model_this_machine_cannot_hold(tmp_path, capsys, system):
+    """gpt-200b needs terabytes: bench run says so in one line (GiB needed vs available) before building."""
+    import time
+
+    out = tmp_path / "x.json"
+    t0 = time.perf_counter()
+    rc = cli_main(["bench", "run", "--system", system, "--model", "gpt-200b", "--out", str(out), "--no-progress"])
+    assert rc == 2 and time.perf_counter() - t0 < 30
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("superoffload bench run: error: ")
+    assert f"{system} on gpt-200b" in err and "GiB of host memory" in err and "GiB is available" in err
+    assert not out.exists()
+
+
+def test_check_memory_against_given_availability():
+    from superoffload.cli.bench_run import check_memory
+    from superoffload.shapes import get_shape
+
+    run = RunConfig(system="torch", model="gpt-tiny", seq=32, batch=2)
+    check_memory(run, get_shape("gpt-tiny"), host_available=2**30)  # ~20 MB needed
+    with pytest.raises(ValueError, match=r"needs about \d+ MiB of host memory .* but 1 MiB is available"):
+        check_memory(run, get_shape("gpt-tiny"), host_available=2**20)
+    # a system the planner does not model: fp32 weights, gradients and Adam state against host memory
+    other = RunConfig(system="my_system", model="gpt-small")
+    need = 16 * get_shape("gpt-small").total_params()
+    check_memory(other, get_shape("gpt-small"), host_available=need + 1)
+    with pytest.raises(ValueError, match="fp32 weights, gradients and Adam state"):
+        check_memory(other, get_shape("gpt-small"), host_available=need - 1)
+
+
+def test_check_memory_with_a_gpu_uses_the_device_free_memory(monkeypatch):
+    """With CUDA the device's free memory bounds what stays on it; SuperOffload's plan may flow weights."""
+    from superoffload.cli.bench_run import check_memory
+    from superoffload.shapes import get_shape
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    shape = get_shape("gpt-13b")
+    run = RunConfig(system="torch", model="gpt-13b", seq=1024, batch=1, dtype="bf16", device="cuda")
+    with pytest.raises(ValueError, match="GiB of device memory"):
+        check_memory(run, shape, host_available=2**40, device_available=80 * 2**30)
+    so = dataclasses.replace(run, system="superoffload")
+    check_memory(so, shape, host_available=2**40, device_available=80 * 2**30)  # bf16 weights fit
+    check_memory(so, shape, host_available=2**40, device_available=20 * 2**30)  # some layers flow
+    with pytest.raises(ValueError, match="GiB of device memory"):
+        check_memory(so, shape, host_available=2**40, device_available=2 * 2**30)
+    with pytest.raises(ValueError, match="GiB of host memory"):
+        check_memory(so, shape, host_available=100 * 2**30, device_available=80 * 2**30)

@@ -1,11 +1,18 @@
 """The superoffload system under the runner: the plan is used by default, options override, bad
 options fail before work, and engine counters land in the record."""
 
+import dataclasses
+
 import pytest
 
+from superoffload.engine import ConfigError
 from superoffload.harness import record
 from superoffload.harness.runner import run_benchmark, validate_run
 from superoffload.harness.system import RunConfig
+from superoffload.harness.systems.superoffload_system import engine_config
+from superoffload.planner.plan import make_plan
+from superoffload.planner.presets import get_profile
+from superoffload.shapes import get_shape
 
 
 def _run(**kw):
@@ -20,7 +27,8 @@ def test_plan_is_consumed_and_recorded():
     rec = _run()
     plan, st = rec["plan"], rec["system_stats"]
     assert plan["hardware"] == "cpu" and plan["reasons"]
-    assert st["bucket_size"] == plan["bucket_size_params"]
+    assert st["bucket_size"] == plan["bucket_size"]
+    assert st["config"]["host_optimizer"] == plan["host_optimizer"]
     assert st["buckets_device"] == min(plan["device_tail_buckets"], st["buckets_device"] + st["buckets_host"])
     # CPU-only: the planner turns speculation off (no idle host to overlap with)
     assert plan["speculation"] is False and rec["rollbacks"]["validate_first"] == 4
@@ -45,3 +53,48 @@ def test_plan_off_uses_engine_defaults():
 def test_bad_options_fail_before_work(opts, msg):
     with pytest.raises(ValueError, match=msg):
         validate_run(RunConfig(system="superoffload", system_options=opts))
+
+
+def _plan(**hw_fields):
+    hw = dataclasses.replace(get_profile("gh200"), **hw_fields)
+    return make_plan(get_shape("gpt-1b"), 1024, 2, hw)
+
+
+def test_engine_config_is_the_plan_merged_over_the_defaults():
+    """Every engine key the plan chose reaches the engine unchanged, the host kernel included."""
+    plan = _plan()
+    cfg = engine_config(RunConfig(system="superoffload", dtype="bf16", device="cpu"), plan).to_dict()
+    for key, value in plan.engine_options(precision="bf16").items():
+        assert cfg[key] == value, key
+
+
+def test_a_plan_choosing_cpuadam_runs_cpuadam():
+    gh = get_profile("gh200").host_adam_gbps
+    plan = _plan(host_adam_gbps={**gh, "cpuadam": 2 * gh["grace"]})
+    assert plan.host_optimizer == "cpuadam"
+    run = RunConfig(system="superoffload", dtype="bf16", device="cpu")
+    assert engine_config(run, plan).host_optimizer == "cpuadam"
+    # an explicit option still wins over the plan
+    run = RunConfig(system="superoffload", dtype="bf16", device="cpu", system_options={"host_optimizer": "grace"})
+    assert engine_config(run, plan).host_optimizer == "grace"
+
+
+def test_cast_policy_switch_sets_both_sides():
+    plan = _plan()
+    for side in ("device", "host"):
+        run = RunConfig(system="superoffload", dtype="bf16", device="cpu", system_options={"cast_policy": side})
+        cfg = engine_config(run, plan)
+        assert (cfg.grad_cast, cfg.param_cast) == (side, side)
+    run = RunConfig(system="superoffload", dtype="bf16", device="cpu",
+                    system_options={"cast_policy": "host", "param_cast": "device"})
+    assert (engine_config(run, plan).grad_cast, engine_config(run, plan).param_cast) == ("host", "device")
+    with pytest.raises(ConfigError, match="cast_policy must be one of device, host"):
+        engine_config(RunConfig(system="superoffload", dtype="bf16", system_options={"cast_policy": "gpu"}))
+    with pytest.raises(ConfigError, match="use --dtype bf16 or fp16"):
+        engine_config(RunConfig(system="superoffload", dtype="fp32", system_options={"cast_policy": "host"}))
+
+
+def test_fp32_runs_keep_the_engine_casts():
+    plan = _plan()
+    cfg = engine_config(RunConfig(system="superoffload", dtype="fp32", device="cpu"), plan)
+    assert (cfg.grad_cast, cfg.param_cast) == ("device", "host")  # nothing to cast; the engine's defaults

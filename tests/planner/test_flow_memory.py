@@ -1,4 +1,4 @@
-"""Issue 8: the planner budgets the HBM that weight flow saves and the buffers it needs; both must agree
+"""The planner budgets the HBM that weight flow saves and the buffers it needs; both must agree
 with what the engine reports for the same model and configuration (its weight_flow stats)."""
 
 from __future__ import annotations
@@ -28,8 +28,7 @@ def test_planner_flow_bytes_match_the_engine(flow: list[int], prefetch: int, ac:
         st = engine.flow.stats()
     finally:
         engine.close()
-    opts = Options(flow_layers=tuple(flow), prefetch_depth=prefetch + 1, bucket_size_params=4096,
-                   speculation=False)
+    opts = Options(flow_layers=tuple(flow), flow_prefetch=prefetch, bucket_size=4096, speculation=False)
     pred = predict("superoffload", Workload(shape, SEQ, 2, ac), get_profile("cpu"), opts)
     dev = pred.memory["device"]
     block_bytes = BF16 * shape.block_params()
@@ -43,5 +42,5 @@ def test_planner_flow_bytes_match_the_engine(flow: list[int], prefetch: int, ac:
 
 
 def test_planner_prefetch_default_is_the_engines() -> None:
-    """The harness passes no flow_prefetch, so the planner's default must mean the engine's default."""
-    assert Options().prefetch_depth == SuperOffloadConfig().flow_prefetch + 1
+    """A plan's flow_prefetch (what its memory estimate assumed) is the engine's default."""
+    assert Options().flow_prefetch == SuperOffloadConfig().flow_prefetch

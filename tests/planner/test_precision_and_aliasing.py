@@ -7,10 +7,10 @@ import dataclasses
 
 import pytest
 
-from superoffload.harness.models import get_shape
 from superoffload.planner.costmodel import Workload, _Builder, predict
 from superoffload.planner.presets import get_profile
 from superoffload.planner.systems import SYSTEMS, Options, system_spec
+from superoffload.shapes import get_shape
 
 W = Workload(get_shape("gpt-1b"), 1024, 2, activation_checkpointing=True)
 
@@ -37,10 +37,10 @@ def test_fp32_device_copy_is_8_bytes_at_the_device_copy_rate() -> None:
 
 def test_param_cast_host_with_grad_cast_device() -> None:
     """The engine's default without a plan: grads cast on the device, GraceAdam writes the bf16 upload."""
-    mixed = system_spec("superoffload", Options(cast_policy="device", param_cast="host"), 10**9)
+    mixed = system_spec("superoffload", Options(grad_cast="device", param_cast="host"), 10**9)
     assert mixed.grad_device_cast and mixed.grad_d2h_bytes == 4
     assert mixed.return_bytes == 2 and not mixed.return_device_cast and mixed.fused_cast_bytes == 2.0
-    same = system_spec("superoffload", Options(cast_policy="device"), 10**9)
+    same = system_spec("superoffload", Options(grad_cast="device", param_cast="device"), 10**9)
     assert same.return_bytes == 4 and same.return_device_cast
     with pytest.raises(ValueError, match="param_cast"):
         Options(param_cast="gpu").validate()
@@ -64,7 +64,7 @@ def _depends_on(g, op: int, kind_prefix: str) -> bool:
 def test_superoffload_on_a_host_device_has_no_link_copies_and_waits_for_the_step() -> None:
     cpu = get_profile("cpu")
     w = Workload(get_shape("gpt-tiny"), 128, 2, activation_checkpointing=False)
-    opts = Options(speculation=False, bucket_size_params=65536, precision="fp32")
+    opts = Options(speculation=False, bucket_size=65536, precision="fp32")
     so = predict("superoffload", w, cpu, opts)
     assert "d2h" not in so.stage_s and "h2d" not in so.stage_s
     assert "d2h" in predict("zero_offload", w, cpu, opts).stage_s  # DeepSpeed still copies on a CPU

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from wf_helpers import ROOT, _record
+from wf_helpers import ROOT, _adam_bench, _record
 
 from reports import data as D
 from reports import figures as F
@@ -75,19 +75,7 @@ def synthetic(tmp_path: Path) -> Path:
     _write(res / "ablation/cum0-baseline.json", _record("superoffload", tps=1000))
     _write(res / "ablation/cum1-speculation.json", _record("superoffload", status="error"))
     # loo-speculation missing on purpose
-    _write(
-        res / "microbench/adam.json",
-        {
-            "measurements": [
-                {
-                    "numel": 4194304,
-                    "threads": 1,
-                    "kernels": {"torch_fused": {"median_s": 0.02}, "grace_adam": {"median_s": 0.006}},
-                    "host_phase": {"grace_direct": {"median_s": 0.007}},
-                }
-            ]
-        },
-    )
+    _write(res / "microbench/adam.json", _adam_bench())
     _write(
         res / "microbench/cast.json",
         {"status": "unavailable", "error": "invalid choice: 'cast'", "written_by": "guard"},
@@ -147,7 +135,8 @@ def test_report_renders_with_missing_oom_error(synthetic, tmp_path):
     assert "not a run record" in html or "unreadable" in html  # the malformed file is an error row
     assert html.count("data:image/svg+xml;base64,") == len(F.FIGURES)
     assert "grace_adam" in html and "host_phase" in html  # the GraceAdam rows made it into the table
-    assert {p["impl"] for p in F.adam_points(D.load_results(synthetic))} == {"torch_fused", "grace_adam"}
+    assert {p["impl"] for p in F.adam_points(D.load_results(synthetic))} == {
+        "grace_adam", "torch_fused", "torch_foreach", "roofline_stream7"}
     assert "<script" not in html and "http://" not in html.replace("http://www.w3.org", "")
     # cost model vs measurement: the count, both rows, the miss in bold
     assert "<b>1 of 2</b>" in html and "<b>-50.0%</b>" in html and "-5.0%" in html
@@ -197,3 +186,37 @@ def test_figures_byte_identical_across_renders(synthetic, tmp_path):
     for p in a:
         assert p.read_bytes() == (tmp_path / "b" / p.name).read_bytes(), p.name
         assert b"<dc:date>" not in p.read_bytes()
+
+
+def test_a_microbenchmark_file_off_its_schema_is_reported_not_guessed(synthetic, tmp_path):
+    """A `bench adam` file with a field the schema does not know and one it lacks: the report says which
+    file, schema and field, in the GraceAdam section and in the figure, and draws nothing from it."""
+    bad = _adam_bench()
+    kernel = bad["measurements"][0]["kernels"]["grace_adam"]
+    kernel["time_s"] = kernel.pop("median_s")  # the kind of renaming the old report code guessed around
+    _write(synthetic / "microbench/adam.json", bad)
+    results = D.load_results(synthetic)
+    assert results["adam"]["status"] == "invalid" and results["adam"]["data"] is None
+    assert "adam_bench.schema.json: at measurements/0/kernels/grace_adam" in results["adam"]["error"]
+    assert F.adam_points(results) == []
+    figs = F.render_all(results, tmp_path / "figs")
+    svg = figs["graceadam"].read_text()
+    assert "not available (invalid)" in svg and "adam_bench.schema.json" in svg
+    html = R.render_html(synthetic, tmp_path / "figs", tmp_path / "report.html").read_text()
+    assert "GraceAdam microbenchmark: not available (invalid): adam.json does not follow" in html
+
+
+def test_cast_file_is_read_by_its_schema(synthetic, tmp_path):
+    from superoffload.harness.microbench import cast
+
+    rec = cast.measure([64 << 10, 1 << 20], repeats=1, device="cpu")
+    _write(synthetic / "microbench/cast.json", rec)
+    results = D.load_results(synthetic)
+    assert results["cast"]["status"] == "ok"
+    series = F.cast_series(results)
+    assert set(series["bandwidth"]) == {"link: d2h pageable", "link: h2d pageable"}
+    assert set(series["latency"]) == {f"{p}_path: {p} {c}" for p in ("grad", "param")
+                                      for c in ("device_cast", "host_cast")}
+    assert all(len(pts) == 2 for s in series.values() for pts in s.values())
+    html = R.render_html(synthetic, tmp_path / "figs", tmp_path / "report.html").read_text()
+    assert "<h4>grad_path</h4>" in html and "<h4>link</h4>" in html and "<h4>param_path</h4>" in html

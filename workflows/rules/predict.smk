@@ -36,8 +36,8 @@ rule paper_comparison:
 
 
 rule validate_cost_model:
-    """The cost model with this machine's calibrated profile against this sweep's run records (issue 8's
-    validation: reported, never tuned)."""
+    """The cost model with this machine's calibrated profile against this sweep's run records (the
+    "Validation against measurement" of docs/cost_model.md: reported, never tuned)."""
     input:
         RUN_RECORDS,
         CALIBRATION_FILE,

@@ -23,8 +23,12 @@ elementwise `isfinite(...).all()` would make the separate sequence several times
 Each thread count runs in its own subprocess with OMP_NUM_THREADS set, because DeepSpeedCPUAdam's
 OpenMP team size is fixed when its library loads, and with OMP_WAIT_POLICY=PASSIVE unless the caller
 set it: by default libgomp's idle threads spin after every torch / DeepSpeed parallel region and take
-the cores GraceAdam's own thread pool (or the next OpenMP region) needs. On the 2-vCPU VM, 16M
-elements, 2 threads: GraceAdam 0.79x of DeepSpeedCPUAdam with spinning threads, 0.99x without.
+the cores GraceAdam's own thread pool (or the next OpenMP region) needs (docs/results.md, "GraceAdam",
+has the size of that effect).
+
+The first run on a machine JIT-builds DeepSpeed's CPU Adam op (~1-2 min, cached in
+TORCH_EXTENSIONS_DIR); a line says so first (superoffload/harness/ds_build.py). The output is one JSON
+file following superoffload/harness/adam_bench.schema.json, validated before it is written.
 """
 
 from __future__ import annotations
@@ -227,6 +231,7 @@ def run(numels: list[int], threads: list[int], repeats: int, out: str | None) ->
     import grace_adam
     from superoffload.harness.provenance import collect
 
+    _prepare_deepspeed()
     measurements = []
     load_before = os.getloadavg()
     for t in threads:
@@ -239,8 +244,9 @@ def run(numels: list[int], threads: list[int], repeats: int, out: str | None) ->
             raise RuntimeError(f"benchmark worker (threads={t}) failed:\n{proc.stderr[-4000:]}")
         measurements += json.loads(proc.stdout.strip().splitlines()[-1])
     rec = {
-        "benchmark": "adam",
-        "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "kind": "adam_bench",
+        "schema_version": 1,
+        "created_utc": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "command": " ".join(sys.argv),
         "bytes_per_param": BYTES_PER_PARAM,
         "hyper": {k: list(v) if isinstance(v, tuple) else v for k, v in HYPER.items()},
@@ -255,10 +261,26 @@ def run(numels: list[int], threads: list[int], repeats: int, out: str | None) ->
     }
     _derive(rec)
     if out:
-        from superoffload.harness.record import write_json_atomic
+        from superoffload.harness.record import write_result
 
-        write_json_atomic(out, rec)
+        write_result(out, rec, "adam_bench")
     return rec
+
+
+def _prepare_deepspeed() -> None:
+    """Before the workers load DeepSpeedCPUAdam: say that its op will be built, clear a dead build's lock.
+    Without DeepSpeed (or with a broken install) nothing is said here; the workers record the skip."""
+    import importlib.util
+
+    if importlib.util.find_spec("deepspeed") is None:
+        return
+    from superoffload.harness import ds_build
+
+    try:
+        ds_build.prepare_deepspeed_ops(("CPUAdamBuilder",))
+    except Exception as exc:  # noqa: BLE001 - the worker's own import reports the failure as a skip
+        print(f"superoffload bench adam: DeepSpeed's CPU Adam op not checked ({type(exc).__name__}: {exc})",
+              file=sys.stderr)
 
 
 def _csv_ints(text: str, parse: Callable[[str], int] = int) -> list[int]:

@@ -11,6 +11,8 @@ Measured on this machine, same process, for transfer sizes from 1 MB to 1 GB:
   `device_cast`: fp32 H2D (4 B/elem), cast on the device.
 Without CUDA the "device" is the CPU: transfers are memcpys between host buffers and pinned memory
 does not exist (recorded as such); the numbers then describe the host, not a link.
+The output is one JSON file following superoffload/harness/cast_bench.schema.json, validated before it
+is written.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import torch
 
 from superoffload.device import Device, get_device
 from superoffload.harness import provenance
-from superoffload.harness.record import write_json_atomic
+from superoffload.harness.record import write_result
 from superoffload.harness.stats import summarize
 
 DEFAULT_SIZES = "1M,4M,16M,64M,256M,1G"
@@ -159,6 +161,6 @@ def main(args: argparse.Namespace) -> int:
         print("superoffload bench cast: error: need --repeats >= 1 and at least one size", file=sys.stderr)
         return 2
     rec = measure(sizes, args.repeats, args.device, torch.bfloat16 if args.dtype == "bf16" else torch.float16)
-    write_json_atomic(args.out, rec)
+    write_result(args.out, rec, "cast_bench")
     print(format_table(rec))
     return 0

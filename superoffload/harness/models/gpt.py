@@ -3,11 +3,18 @@
 Pre-LayerNorm blocks, fused qkv, GELU MLP of width 4h, learned absolute positions, tied LM head,
 SDPA causal attention. ``forward(idx, targets)`` returns the mean cross-entropy loss, which is the
 interface every system in the harness trains.
+
+Hooks for sequence parallelism (``superoffload.sequence``), all off by default (then the model computes
+exactly what it did without them): ``CausalSelfAttention.attention_fn`` replaces the local attention,
+``forward(..., position_offset=)`` shifts the learned positions to a sequence chunk's global offset,
+``GPT.loss_fn(hidden, lm_head_weight, targets)`` replaces the mean cross-entropy, and
+``activation_checkpointing="offload"`` keeps the checkpoints in host memory.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn as nn
@@ -26,17 +33,23 @@ class CausalSelfAttention(nn.Module):
         kv = self.kv_heads * self.head_dim
         self.qkv = nn.Linear(shape.hidden, shape.hidden + 2 * kv)
         self.proj = nn.Linear(shape.hidden, shape.hidden)
+        # None: causal SDPA over this module's heads; else fn(q, k, v) -> y, all [batch, seq, heads, head_dim]
+        self.attention_fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, h = x.shape
         kv = self.kv_heads * self.head_dim
         q, k, v = self.qkv(x).split([h, kv, kv], dim=-1)
-        q = q.view(b, t, self.heads, self.head_dim).transpose(1, 2)
-        k = k.view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        v = v.view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                           enable_gqa=self.kv_heads != self.heads)
-        return self.proj(y.transpose(1, 2).reshape(b, t, h))
+        q = q.view(b, t, self.heads, self.head_dim)
+        k = k.view(b, t, self.kv_heads, self.head_dim)
+        v = v.view(b, t, self.kv_heads, self.head_dim)
+        if self.attention_fn is None:
+            y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                               is_causal=True, enable_gqa=self.kv_heads != self.heads)
+            y = y.transpose(1, 2)
+        else:
+            y = self.attention_fn(q, k, v)
+        return self.proj(y.reshape(b, t, h))
 
 
 class MLP(nn.Module):
@@ -64,11 +77,22 @@ class Block(nn.Module):
 
 class GPT(nn.Module):
     def __init__(self, shape: ModelShape, *, max_seq: int | None = None, init_std: float = 0.02,
-                 activation_checkpointing: bool = False) -> None:
+                 activation_checkpointing: bool | str = False) -> None:
         super().__init__()
+        if activation_checkpointing not in (False, True, "offload"):
+            raise ValueError(f"activation_checkpointing must be False, True or 'offload', "
+                             f"got {activation_checkpointing!r}")
         self.shape = shape
         self.max_seq = max_seq or shape.max_seq
         self.activation_checkpointing = activation_checkpointing
+        # "offload": checkpointed blocks' inputs live in host memory (stats: activation_offloader.stats())
+        self.activation_offloader = None
+        if activation_checkpointing == "offload":
+            from superoffload.sequence.checkpoint import ActivationOffloader
+
+            self.activation_offloader = ActivationOffloader()
+        # None: mean cross-entropy over the logits; else fn(hidden, lm_head_weight, targets) -> loss
+        self.loss_fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None
         self.wte = nn.Embedding(shape.vocab, shape.hidden)
         self.wpe = nn.Embedding(self.max_seq, shape.hidden) if shape.learned_positions else None
         self.blocks = nn.ModuleList(Block(shape) for _ in range(shape.layers))
@@ -92,18 +116,25 @@ class GPT(nn.Module):
             else:
                 nn.init.normal_(p, 0.0, std)
 
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None, *,
+                position_offset: int = 0) -> torch.Tensor:
+        """``position_offset``: global position of ``idx[:, 0]`` (a sequence-parallel rank's chunk start)."""
         t = idx.shape[1]
-        if t > self.max_seq:
-            raise ValueError(f"sequence length {t} exceeds the model's max_seq {self.max_seq}")
+        if position_offset + t > self.max_seq:
+            raise ValueError(f"sequence length {position_offset + t} exceeds the model's max_seq {self.max_seq}")
         x = self.wte(idx)
         if self.wpe is not None:
-            x = x + self.wpe(torch.arange(t, device=idx.device))
+            x = x + self.wpe(torch.arange(position_offset, position_offset + t, device=idx.device))
         for block in self.blocks:
             if self.activation_checkpointing and self.training:
-                x = checkpoint(block, x, use_reentrant=False)
+                if self.activation_offloader is not None:
+                    x = self.activation_offloader.checkpoint(block, x)
+                else:
+                    x = checkpoint(block, x, use_reentrant=False)
             else:
                 x = block(x)
+        if targets is not None and self.loss_fn is not None:
+            return self.loss_fn(self.ln_f(x), self.lm_head.weight, targets)
         logits = self.lm_head(self.ln_f(x))
         if targets is None:
             return logits

@@ -6,6 +6,8 @@ created from it (on the meta device when it would not fit the host).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -14,20 +16,35 @@ from superoffload.shapes import ModelShape
 
 
 class CausalLM(nn.Module):
-    """Adapts a `transformers` causal LM to the harness interface ``forward(idx, targets) -> loss``."""
+    """Adapts a `transformers` causal LM to the harness interface ``forward(idx, targets) -> loss``.
+
+    ``loss_fn`` (None by default: mean cross-entropy over the logits) may be set to
+    ``fn(hidden, lm_head_weight, targets) -> loss``; the logits are then left to it (superoffload.sequence
+    uses this for the token-normalized and the tiled loss). It assumes logits = lm_head(last hidden state),
+    true of the Llama-style models of the zoo.
+    """
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
+        self.loss_fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+        self.activation_offloader = None  # set by build_hf(activation_checkpointing="offload")
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        if targets is not None and self.loss_fn is not None:
+            hidden = self.model.get_decoder()(input_ids=idx, use_cache=False).last_hidden_state
+            return self.loss_fn(hidden, self.model.get_output_embeddings().weight, targets)
         logits = self.model(input_ids=idx, use_cache=False).logits
         if targets is None:
             return logits
         return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
 
 
-def build_hf(shape: ModelShape, *, activation_checkpointing: bool, init_std: float = 0.02) -> nn.Module:
+def build_hf(shape: ModelShape, *, activation_checkpointing: bool | str, init_std: float = 0.02) -> nn.Module:
+    """``activation_checkpointing``: False, True (transformers' checkpointing) or "offload" (checkpoints in
+    host memory, superoffload.sequence.checkpoint; stats on the returned module's ``activation_offloader``)."""
+    if activation_checkpointing not in (False, True, "offload"):
+        raise ValueError(f"activation_checkpointing must be False, True or 'offload', got {activation_checkpointing!r}")
     try:
         from transformers import AutoConfig, AutoModelForCausalLM
     except ImportError as e:  # pragma: no cover - depends on the install
@@ -39,6 +56,12 @@ def build_hf(shape: ModelShape, *, activation_checkpointing: bool, init_std: flo
     config = AutoConfig.for_model(model_type, initializer_range=init_std, attn_implementation="sdpa",
                                   **cfg)
     model = AutoModelForCausalLM.from_config(config)
+    if activation_checkpointing == "offload":
+        from superoffload.sequence.models import enable_offloaded_checkpointing
+
+        wrapped = CausalLM(model)
+        wrapped.activation_offloader = enable_offloaded_checkpointing(model)
+        return wrapped
     if activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return CausalLM(model)

@@ -1,6 +1,6 @@
 """The model zoo: names -> ModelShape.
 
-GPT family: the authors' artifact (`experiment/model.json`, reference/paper-figures.md §2a): 32 heads,
+GPT family: the authors' artifact (`experiment/model.json`; source in docs/paper_numbers.md): 32 heads,
 FFN 4h, GPT-2 BPE vocabulary padded to a multiple of 256 (50,432), learned positions, tied head.
 Labels are the artifact's, even where they differ from the real count (gpt-70b is 65B).
 

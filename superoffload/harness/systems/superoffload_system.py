@@ -1,13 +1,18 @@
 """The `superoffload` system: our engine under the common harness.
 
-By default the engine runs the planner's plan for this model, sequence, batch and hardware (bucket
-size, device tail buckets, speculation, casting policy, weight-flow layers); the plan and its reasons land in the
-record. System options (`-o KEY=VALUE`) override: any engine config key (`bucket_size`,
-`device_tail_buckets`, `speculation`, `rollback_mode`, `grad_cast`, `param_cast`, `host_threads`, ...),
-plus `plan=false` (engine defaults instead of the plan), `hardware=NAME|PATH` (the planner's
+By default the engine runs the planner's plan for this model, sequence, batch and hardware; the plan
+and its reasons land in the record. The engine config is a merge, later wins:
+
+    engine defaults < run settings (precision, clipping, ...) < plan.engine_options() < -o options
+
+The plan speaks the engine's config names (`bucket_size`, `device_tail_buckets`, `speculation`,
+`rollback_mode`, `grad_cast`, `param_cast`, `host_optimizer`, `flow_layers`, `flow_prefetch`), so
+nothing is translated and nothing is dropped. System options (`-o KEY=VALUE`) are any engine config
+key, plus `plan=false` (engine defaults instead of the plan), `hardware=NAME|PATH` (the planner's
 HardwareProfile: a preset name or a `superoffload calibrate` JSON; default: chosen from the device) and
 `cast_policy=device|host` (the paper's casting choice as one switch: `device` = cast on the device and
-move fp32 both ways, `host` = move bf16/fp16 and cast on the host; sets `grad_cast` and `param_cast`).
+move fp32 both ways, `host` = move bf16/fp16 and cast on the host; sets both `grad_cast` and
+`param_cast`, which an explicit `-o grad_cast=`/`param_cast=` still overrides).
 """
 
 from __future__ import annotations
@@ -18,11 +23,10 @@ import torch
 
 from superoffload.engine import ConfigError, SuperOffloadConfig, initialize
 from superoffload.harness.system import Batch, RunConfig
+from superoffload.options import CastSide, choices_of
 from superoffload.shapes import ModelShape
 
 HARNESS_ONLY_OPTIONS = ("data", "data_dtype", "plan", "hardware", "cast_policy")
-CAST_POLICIES = {"device": {"grad_cast": "device", "param_cast": "device"},
-                 "host": {"grad_cast": "host", "param_cast": "host"}}
 
 
 def hardware_for_device(device: str) -> str:
@@ -49,29 +53,27 @@ def plan_for(shape: ModelShape, run: RunConfig):
                      grad_accum=run.grad_accum)
 
 
+def _cast_policy(run: RunConfig) -> dict[str, str]:
+    """`-o cast_policy=device|host`: the same side for `grad_cast` and `param_cast`."""
+    if "cast_policy" not in run.system_options:
+        return {}
+    side = run.system_options["cast_policy"]
+    if side not in choices_of(CastSide):
+        raise ConfigError(f"cast_policy must be one of {', '.join(choices_of(CastSide))}; got {side!r}")
+    if run.dtype == "fp32":
+        raise ConfigError("cast_policy chooses where bf16/fp16 casts happen; use --dtype bf16 or fp16")
+    return {"grad_cast": side, "param_cast": side}
+
+
 def engine_config(run: RunConfig, plan=None) -> SuperOffloadConfig:
-    """The engine config a run asks for: defaults < plan < explicit options. Raises ConfigError."""
-    opts = {k: v for k, v in run.system_options.items() if k not in HARNESS_ONLY_OPTIONS}
-    planned: dict[str, Any] = {}
-    if plan is not None:
-        planned = {"bucket_size": plan.bucket_size_params, "device_tail_buckets": plan.device_tail_buckets,
-                   "speculation": plan.speculation,
-                   "rollback_mode": plan.exact_mode if plan.exact_mode != "none" else "deferred"}
-        if run.dtype != "fp32":
-            planned.update(grad_cast=plan.cast_policy, param_cast="host" if plan.cast_policy == "host" else "device")
-        if plan.flow_layers:
-            planned["flow_layers"] = list(plan.flow_layers)
-    if "cast_policy" in run.system_options:
-        policy = run.system_options["cast_policy"]
-        if policy not in CAST_POLICIES:
-            raise ConfigError(f"cast_policy must be one of {', '.join(CAST_POLICIES)}; got {policy!r}")
-        if run.dtype == "fp32":
-            raise ConfigError("cast_policy chooses where bf16/fp16 casts happen; use --dtype bf16 or fp16")
-        planned.update(CAST_POLICIES[policy])
+    """The engine config a run asks for: defaults < run settings < plan < explicit options. Raises
+    ConfigError."""
+    explicit = {k: v for k, v in run.system_options.items() if k not in HARNESS_ONLY_OPTIONS}
+    planned: dict[str, Any] = plan.engine_options(precision=run.dtype) if plan is not None else {}
     return SuperOffloadConfig.from_any({
         "optimizer": {"lr": run.lr, "betas": list(run.betas), "eps": run.eps, "weight_decay": run.weight_decay},
         "precision": run.dtype, "grad_clip": run.grad_clip, "grad_accum": run.grad_accum,
-        "device": run.device, "host_threads": run.threads, **planned, **opts,
+        "device": run.device, "host_threads": run.threads, **planned, **_cast_policy(run), **explicit,
     })
 
 

@@ -6,15 +6,35 @@ device (fp16 with a GradScaler), global-norm clipping when asked.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
 
 import torch
 
 from superoffload.device import get_device
 from superoffload.harness.system import Batch, RunConfig
+from superoffload.options import torch_dtype
 from superoffload.shapes import ModelShape
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# Keys the harness itself puts into run.system_options (the CLI's --data / --data-dtype); every system
+# accepts them although they mean nothing to the system.
+HARNESS_OPTIONS = frozenset({"data", "data_dtype"})
+
+OptionChecker = Callable[[str, Any], Any]
+
+
+def parse_options(system: str, options: Mapping[str, Any], known: Mapping[str, OptionChecker]) -> dict[str, Any]:
+    """Check ``-o`` options against a system's table {key: checker(key, value) -> parsed value}; a key not
+    in it is an error, not ignored, so a typo never silently benchmarks the default configuration."""
+    out: dict[str, Any] = {}
+    for key, value in options.items():
+        if key in HARNESS_OPTIONS:
+            continue
+        if key not in known:
+            allowed = ", ".join(sorted(known)) or "none"
+            raise ValueError(f"system {system!r} has no option {key!r} (options: {allowed})")
+        out[key] = known[key](key, value)
+    return out
 
 
 def split_decay_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -34,12 +54,18 @@ def split_decay_groups(model: torch.nn.Module, weight_decay: float) -> list[dict
 
 class TorchSystem:
     name = "torch"
+    OPTIONS: ClassVar[dict[str, OptionChecker]] = {}  # the reference has no knobs: any -o is an error
+
+    @classmethod
+    def validate(cls, run: RunConfig) -> dict[str, Any]:
+        """Check ``run`` for this system before anything is built; raise ValueError."""
+        return parse_options(cls.name, run.system_options, cls.OPTIONS)
 
     def setup(self, model: torch.nn.Module, shape: ModelShape, run: RunConfig) -> None:
         self.run = run
         self.device = get_device(run.device)
         self.model = model.to(self.device.torch_device)
-        self.dtype = DTYPES[run.dtype]
+        self.dtype = torch_dtype(run.dtype)
         self.autocast = run.dtype != "fp32"
         self.opt = torch.optim.AdamW(split_decay_groups(self.model, run.weight_decay), lr=run.lr,
                                      betas=run.betas, eps=run.eps,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from superoffload.planner.calibrate import calibrate
+from superoffload.calibrate.machine import calibrate
 from superoffload.planner.costmodel import Workload, predict
 from superoffload.planner.hardware import HardwareProfile
 from superoffload.shapes import ModelShape

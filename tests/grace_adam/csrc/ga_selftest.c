@@ -1,7 +1,9 @@
 /* Self-test driver: every supported ISA path must equal the scalar path bit for bit, for odd sizes
  * (SIMD tails), several thread counts and bucket splits, all grad / low-precision dtypes and the
- * Adam variants. Used by scripts/arm_test.sh under qemu (NEON, SVE at several vector lengths) and
- * runnable natively. Exit status 0 = pass. */
+ * Adam variants; also that the library was built from this header (ABI version, struct size).
+ * Built with `python grace_adam/build.py --selftest tests/grace_adam/csrc/ga_selftest.c`; run natively by
+ * tests/grace_adam/test_build.py and under qemu (NEON, SVE at several vector lengths) by
+ * scripts/arm_test.sh. Exit status 0 = pass. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -167,6 +169,11 @@ int main(int argc, char **argv) {
     int64_t nmax = 40001;
     bufs in, ref, got;
     int isa;
+    if (ga_abi_version() != GA_ABI_VERSION || ga_sizeof_adam_args() != sizeof(ga_adam_args)) {
+        printf("FAIL: library ABI %d / ga_adam_args %zu bytes, this header ABI %d / %zu bytes\n",
+               ga_abi_version(), ga_sizeof_adam_args(), GA_ABI_VERSION, sizeof(ga_adam_args));
+        return 1;
+    }
     ga_set_min_chunk(16); /* use several threads even on small arrays */
     alloc_bufs(&in, nmax);
     alloc_bufs(&ref, nmax);

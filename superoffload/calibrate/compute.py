@@ -11,9 +11,10 @@ activations) and at one block:
 
     block = (t(L blocks) - t(1 block)) / (L - 1),    top = t(1 block) - block
 
-so nothing is scaled from a different width, sequence or batch. A profile key names the model and the micro-batch; the
-cost model uses an entry only when its shape signature matches the workload's, and falls back to the
-op-level terms otherwise (always, for the presets). ``superoffload validate`` reports both.
+so nothing is scaled from a different width, sequence or batch. A profile key names the model and the
+micro-batch (``planner.hardware.workload_key``); the cost model uses an entry only when its shape
+signature (``planner.hardware.shape_signature``) matches the workload's, and falls back to the op-level
+terms otherwise (always, for the presets). ``superoffload validate`` reports both.
 """
 
 from __future__ import annotations
@@ -23,23 +24,13 @@ import statistics
 import time
 from typing import Any
 
-from superoffload.shapes import ModelShape
+from superoffload.options import PRECISIONS, torch_dtype
+from superoffload.planner.hardware import shape_signature, workload_key
+from superoffload.shapes import ModelShape, get_shape
 
-# torch is imported where it is used: the cost model reads this module's keys without needing torch
-DTYPES = ("fp32", "bf16", "fp16")
 MAX_PROFILED_LAYERS = 8
 PROFILE_BYTES_PER_PARAM = 8  # fp32 weights + grads (activations of a profiled micro-batch come on top)
 MIN_ITERS, MAX_ITERS, TARGET_S = 5, 40, 1.5  # timed iterations per model: about TARGET_S seconds of them
-
-
-def workload_key(model: str, seq: int, batch: int) -> str:
-    return f"{model}:s{seq}:b{batch}"
-
-
-def shape_signature(shape: ModelShape) -> str:
-    """What must match for a profile entry to apply (a name alone may be reused with other sizes)."""
-    return (f"{shape.family}:L{shape.layers}:h{shape.hidden}:f{shape.ffn_hidden}:a{shape.heads}:"
-            f"kv{shape.n_kv_heads}:V{shape.vocab}:g{int(shape.gated_mlp)}:t{int(shape.tied_embeddings)}")
 
 
 def parse_workloads(text: str) -> list[tuple[str, int, int]]:
@@ -73,9 +64,7 @@ def _time_model(shape: ModelShape, seq: int, batch: int, device: Any, dtype: str
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, shape.vocab, (batch, seq), generator=g).to(device)
     y = torch.randint(0, shape.vocab, (batch, seq), generator=g).to(device)
-    autocast = torch.autocast(device.type, dtype=getattr(torch, {"fp32": "float32", "bf16": "bfloat16",
-                                                               "fp16": "float16"}[dtype]),
-                              enabled=dtype != "fp32")
+    autocast = torch.autocast(device.type, dtype=torch_dtype(dtype), enabled=dtype != "fp32")
     fwd, bwd = [], []
     deadline = None
     for i in range(3 + MAX_ITERS):  # 3 warm-up iterations: allocator, autograd graph, kernel selection
@@ -130,10 +119,8 @@ def _profiled(shape: ModelShape) -> ModelShape:
 def check_workloads(workloads: list[tuple[str, int, int]], dtype: str,
                     memory_bytes: float = float("inf")) -> dict[str, ModelShape]:
     """Shapes of the named models; ValueError (saying what to change) for an unknown model or dtype."""
-    from superoffload.harness.models import get_shape
-
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {DTYPES}, not {dtype!r}")
+    if dtype not in PRECISIONS:
+        raise ValueError(f"dtype must be one of {PRECISIONS}, not {dtype!r}")
     shapes = {}
     for m, _, _ in workloads:
         try:

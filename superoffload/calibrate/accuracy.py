@@ -1,9 +1,9 @@
 """Predicted vs measured: the cost model checked against run records, reported, never tuned.
 
 For every `ok` record of a system the cost model knows, predict the step time on a HardwareProfile
-(normally this machine's `superoffload calibrate` output) with the options the run actually used
-(from the record's engine config or plan), and report the relative error. The target is ±20 %
-(issue 8); a miss is reported, not fitted away.
+(normally this machine's `superoffload calibrate` output) with the options the run actually used (a
+SuperOffload run: its whole engine config, `Options.from_engine_config`), and report the relative
+error. The target is ±20 %; a miss is reported, not fitted away.
 
 When the profile holds profiled compute for a run's workload (``calibrate --workloads``), each row has
 two predictions: ``predicted_s`` with that measured compute (it checks the transfers, host steps,
@@ -20,33 +20,32 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from superoffload.harness.record import write_json_atomic
+from superoffload.options import PRECISIONS
 from superoffload.planner.costmodel import Workload, predict
 from superoffload.planner.hardware import HardwareProfile
 from superoffload.planner.presets import get_profile
-from superoffload.planner.systems import PRECISIONS, Options
+from superoffload.planner.systems import Options
+from superoffload.shapes import get_shape
 
 MODELLED = ("torch", "superoffload", "zero_offload", "zero_infinity", "fsdp_offload", "ds_superoffload")
 TARGET = 0.20
 
 
-def _options(rec: dict[str, Any]) -> Options:
-    cfg = (rec.get("system_stats") or {}).get("config") or {}
-    dtype = rec["run"].get("dtype")
-    precision = dtype if dtype in PRECISIONS else "bf16"  # the run's dtype is the training precision
-    if rec["system"] != "superoffload" or not cfg:
-        return Options(clipping=rec["run"].get("grad_clip", 0) > 0, grad_accum=rec["run"].get("grad_accum", 1),
-                       precision=precision)
-    return Options(speculation=cfg["speculation"], device_tail_buckets=cfg["device_tail_buckets"],
-                   bucket_size_params=cfg["bucket_size"], cast_policy=cfg["grad_cast"],
-                   param_cast=cfg.get("param_cast"), precision=precision,
-                   exact_mode=cfg["rollback_mode"], grad_accum=cfg["grad_accum"],
-                   flow_layers=tuple(cfg.get("flow_layers", ())), clipping=cfg["grad_clip"] > 0,
-                   prefetch_depth=cfg.get("flow_prefetch", 1) + 1)  # the block in use + those fetched ahead
+def run_options(rec: dict[str, Any]) -> Options:
+    """The cost-model options of the run a record describes: a SuperOffload run's engine config as it
+    is (nothing dropped: host kernel, casts, rollback mode, flow layers, ...); a peer's training knobs
+    from the run block (the run's dtype is the training precision)."""
+    cfg = (rec.get("system_stats") or {}).get("config")
+    if rec["system"] == "superoffload" and cfg:
+        return Options.from_engine_config(cfg)
+    run = rec["run"]
+    dtype = run.get("dtype")
+    return Options(grad_clip=run.get("grad_clip", 0.0), grad_accum=run.get("grad_accum", 1),
+                   precision=dtype if dtype in PRECISIONS else "bf16")
 
 
 def compare(records: list[dict[str, Any]], hw: HardwareProfile) -> list[dict[str, Any]]:
-    from superoffload.harness.models import get_shape  # the CLI layer may use the zoo
-
     op_model = dataclasses.replace(hw, compute_profiles=None)
     rows = []
     for rec in records:
@@ -55,8 +54,9 @@ def compare(records: list[dict[str, Any]], hw: HardwareProfile) -> list[dict[str
         r = rec["run"]
         w = Workload(get_shape(rec["model"]["name"]), r["seq"], r["batch"], r.get("activation_checkpointing", False),
                      dtype=r["dtype"])
-        pred = predict(rec["system"], w, hw, _options(rec))
-        op = pred if not hw.compute_profiles else predict(rec["system"], w, op_model, _options(rec))
+        opts = run_options(rec)
+        pred = predict(rec["system"], w, hw, opts)
+        op = pred if not hw.compute_profiles else predict(rec["system"], w, op_model, opts)
         measured = rec["timing"]["median_s"]
         rows.append({"system": rec["system"], "model": rec["model"]["name"], "seq": r["seq"], "batch": r["batch"],
                      "dtype": r["dtype"], "measured_s": measured, "predicted_s": pred.step_time_s,
@@ -109,7 +109,5 @@ def main(args: argparse.Namespace) -> int:
     rows = compare(recs, hw)
     print(format_rows(rows, hw.name))
     if args.out:
-        from superoffload.harness.record import write_json_atomic
-
         write_json_atomic(args.out, {"hardware": hw.name, "target": TARGET, "rows": rows})
     return 0

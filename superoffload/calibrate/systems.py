@@ -2,20 +2,20 @@
 
 What the cost model does not see of a system (DeepSpeed's and FSDP2's hooks, flattening and
 communication layer even at world size 1, the SuperOffload engine's per-bucket Python work) is
-measured here, never on the models that ``validate`` checks: a tiny LM of ``blocks`` blocks, each
-``per_block`` 8-wide Linear layers, trained by the system exactly as the harness trains it. From the
-step time we subtract what the cost model charges separately for the same model (its plain forward +
-backward, measured; for torch-AdamW systems the optimizer's per-tensor loop), and fit
+measured here, never on the models that ``validate`` checks. The fit:
 
     overhead = fixed + per_layer * blocks + per_tensor * parameter tensors + per_bucket * buckets
                + per_param * parameters
 
-from configurations that change one count at a time. per_param is the slope between the same two-block
-model WIDE_A and WIDE_B wide (0.5M and 2.1M parameters: the state is out of cache in both, as in the
-validated models, and the slope is not a small difference extrapolated 1000x), net of what the cost
-model charges per parameter itself (copies, casts, Adam). Each system runs in
-a subprocess of its own so a DeepSpeed or process-group failure costs that system only (it is then
-left out, and the profile's notes say why). The harness is imported lazily: the planner does not depend on it otherwise.
+- **Model**: a tiny LM of ``blocks`` blocks, each ``per_block`` 8-wide Linear layers, trained by the
+  system exactly as the harness trains it; each configuration changes one count at a time.
+- **Net of the model**: from each step time we subtract what the cost model charges separately for
+  the same model (its plain forward + backward, measured; for torch-AdamW systems the optimizer's
+  per-tensor loop). ``per_param`` is the slope between the same two-block model WIDE_A and WIDE_B wide
+  (the state is out of cache in both, as in the validated models), less what the cost model itself
+  charges per parameter (copies, casts, Adam).
+- **Isolation**: each system runs in a subprocess of its own, so a DeepSpeed or process-group failure
+  costs that system only (it is then left out, and the profile's notes say why).
 """
 
 from __future__ import annotations
@@ -187,8 +187,7 @@ def modelled_per_param_s(system: str, hw: Any) -> float:
 
     bare = dataclasses.replace(hw, system_step_s=None)
     # the degenerate runs train in fp32 (RunConfig's default), so the model is asked about fp32 too
-    opts = Options(speculation=torch.cuda.is_available(), bucket_size_params=WIDE[2], clipping=True,
-                   precision="fp32")
+    opts = Options(speculation=torch.cuda.is_available(), bucket_size=WIDE[2], grad_clip=1.0, precision="fp32")
     work = []
     for width in (WIDE_A, WIDE_B):
         shape = ModelShape(name="degenerate", layers=BASE[0], hidden=width, heads=1, vocab=VOCAB,
@@ -225,7 +224,7 @@ def measure(systems: tuple[str, ...] = SYSTEMS, optimizer_tensor_s: float = 0.0,
 
 
 def _measure_one(system: str, optimizer_tensor_s: float, timeout_s: float) -> tuple[dict[str, float] | None, str]:
-    cmd = [sys.executable, "-m", "superoffload.planner.calibrate_systems", system, repr(optimizer_tensor_s),
+    cmd = [sys.executable, "-m", "superoffload.calibrate.systems", system, repr(optimizer_tensor_s),
            str(torch.get_num_threads())]  # the subprocess measures at the caller's thread count
     try:
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
@@ -248,7 +247,7 @@ def _main(argv: list[str]) -> int:
     system = argv[0]
     opt_tensor = float(argv[1]) if len(argv) > 1 else 0.0
     if len(argv) > 2:
-        from superoffload.planner.calibrate import set_threads
+        from superoffload.calibrate.threads import set_threads
 
         set_threads(int(argv[2]))
     print(json.dumps(fit(system, opt_tensor)))

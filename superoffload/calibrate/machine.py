@@ -23,22 +23,25 @@ from typing import Any
 
 import torch
 
+from superoffload.calibrate import compute
+from superoffload.calibrate.threads import set_threads
+from superoffload.options import PRECISIONS
 from superoffload.planner.hardware import (
     ADAM_BYTES_PER_PARAM,
     CAST_BYTES_PER_ELEM,
     GB,
     MB,
+    Curve,
     HardwareProfile,
-    LinkCurve,
 )
 from superoffload.planner.overhead import CLIP_BYTES_PER_PARAM
-from superoffload.planner.presets import ATTENTION_FACTOR, MATMUL_EFFICIENCY
+from superoffload.planner.presets import ADAM_8B_SECONDS, ATTENTION_FACTOR, MATMUL_EFFICIENCY
 
-# Ratios between host Adam kernels from the authors' GraceAdam table (8B row, paper-figures.md §5),
-# used only for a kind this machine cannot run; the profile's notes say which ones were derived.
-_ADAM_RATIO_TO_TORCH = {"torch": 1.0, "cpuadam": 1.834 / 0.769, "graceadam": 1.834 / 0.608}
+# Ratios between host Adam kernels from the authors' GraceAdam table (the 8B row the presets use), only
+# for a kernel this machine cannot run; the profile's notes say which ones were derived.
+_ADAM_RATIO_TO_TORCH = {k: ADAM_8B_SECONDS["torch"] / t for k, t in ADAM_8B_SECONDS.items()}
 
-# Dense bf16 peaks by device-name substring (torchtitan table, reference/ecosystem.md §B); order matters.
+# Dense bf16 peaks by device-name substring (torchtitan tools/utils.py get_peak_flops); order matters.
 _PEAKS = [("GH200", 989e12), ("H200", 989e12), ("H100 PCIe", 756e12), ("H100 NVL", 835e12),
           ("H100", 989e12), ("A100", 312e12), ("B200", 2.25e15), ("GB200", 2.5e15)]
 
@@ -82,7 +85,7 @@ def _cold_matmul_flops(device: str, dtype: torch.dtype, n: int, repeats: int, sy
 
 
 def _matmul_curve(device: str, dtype: torch.dtype, quick: bool, sync: Callable[[], None],
-                  pool_bytes: int = 64 * MB) -> LinkCurve:
+                  pool_bytes: int = 64 * MB) -> Curve:
     """Achieved GFLOP/s of one square GEMM call vs its FLOPs, cold operands: small GEMMs run far below
     peak (and below their hot-cache rate)."""
     sizes = (64, 256, 1024) if quick else (32, 64, 128, 256, 512, 1024, 2048)
@@ -91,7 +94,7 @@ def _matmul_curve(device: str, dtype: torch.dtype, quick: bool, sync: Callable[[
         f = 2.0 * n**3
         flops.append(int(f))
         rates.append(_cold_matmul_flops(device, dtype, n, 5 if n <= 256 else 3, sync, pool_bytes) / 1e9)
-    return LinkCurve(flops, rates)
+    return Curve(flops, rates)
 
 
 def _elementwise_gbps(device: str, sync: Callable[[], None]) -> float:
@@ -187,7 +190,7 @@ def _overhead_fields(device: str, quick: bool, systems: bool, sync: Callable[[],
         "optimizer_tensor_s": _optimizer_tensor_s(device, sync),
         "clip_gbps": _clip_gbps(device, sync, 2**20 if quick else 2**23)}
     if systems and not quick:
-        from superoffload.planner import calibrate_systems
+        from superoffload.calibrate import systems as calibrate_systems
 
         fields["system_step_s"], sys_notes = calibrate_systems.measure(
             optimizer_tensor_s=fields["optimizer_tensor_s"])
@@ -210,7 +213,7 @@ def _attention_bwd_ratio(device: str, dtype: torch.dtype, sync: Callable[[], Non
     return max(0.5, (t_both - t_fwd) / t_fwd)
 
 
-def _attention_curve(device: str, dtype: torch.dtype, quick: bool, sync: Callable[[], None]) -> LinkCurve:
+def _attention_curve(device: str, dtype: torch.dtype, quick: bool, sync: Callable[[], None]) -> Curve:
     """Achieved GFLOP/s of one causal SDPA forward vs its FLOPs (2·b·heads·s²·head_dim, the cost model's
     count): like GEMMs, short sequences run far below the large-kernel rate."""
     if device == "cpu":
@@ -225,7 +228,7 @@ def _attention_curve(device: str, dtype: torch.dtype, quick: bool, sync: Callabl
                   5 if s <= 256 else 3, sync)
         flops.append(int(f))
         rates.append(f / t / 1e9)
-    return LinkCurve(flops, rates)
+    return Curve(flops, rates)
 
 
 def _attention_factor(device: str, dtype: torch.dtype, quick: bool, matmul: float,
@@ -254,7 +257,7 @@ def _adam_rates(quick: bool) -> tuple[dict[str, float], list[str]]:
     notes.append(f"host Adam 'torch' measured with {label} on {n} params")
     grace = _grace_adam_rate(n)
     if grace:
-        notes.append(f"host Adam 'graceadam' measured with grace_adam.adam_step on {n} params")
+        notes.append(f"host Adam 'grace' measured with grace_adam.adam_step on {n} params")
     rates.update(grace)
     if not quick:  # importing DeepSpeed's op may JIT-build it (~1 min the first time on a machine)
         ds = _cpuadam_rate(n)
@@ -283,21 +286,15 @@ def _cpuadam_rate(n: int) -> dict[str, float]:
 
 
 def _grace_adam_rate(n: int) -> dict[str, float]:
-    """GraceAdam's rate if the kernel is importable and its ``adam_step`` takes the usual arguments."""
+    """GraceAdam's rate, when the kernel is installed (else the table ratio stands in)."""
     try:
-        import grace_adam  # type: ignore[import-not-found]
+        import grace_adam
     except ImportError:
         return {}
-    step = getattr(grace_adam, "adam_step", None)
-    if step is None:
-        return {}
     p, g, m, v = torch.randn(n), torch.randn(n), torch.zeros(n), torch.zeros(n)
-    try:
-        t = _best(lambda: step(p, g, m, v, step=1, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8,
-                               weight_decay=0.0), 3)
-    except (TypeError, RuntimeError, ValueError):
-        return {}  # API not the one assumed here; fall back to the table ratio
-    return {"graceadam": n * ADAM_BYTES_PER_PARAM / t / GB}
+    t = _best(lambda: grace_adam.adam_step(p, g, m, v, step=1, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8,
+                                           weight_decay=0.0), 3)
+    return {"grace": n * ADAM_BYTES_PER_PARAM / t / GB}
 
 
 def _cast_gbps(device: str, elems: int, sync: Callable[[], None]) -> float:
@@ -357,7 +354,7 @@ def _cpu_profile(quick: bool, systems: bool = True) -> HardwareProfile:
         dst = torch.empty_like(src)
         reps = 10 if s <= 16 * MB else (2 if quick else 5)  # small copies are cheap but noisy
         gbps.append(s / _best(functools.partial(dst.copy_, src), reps) / GB)
-    memcpy = LinkCurve(sizes, gbps)
+    memcpy = Curve(sizes, gbps)
     cast = _cast_gbps("cpu", 2**22 if quick else 2**25, lambda: None)
     adam, notes = _adam_rates(quick)
     notes.append(f"matmul fp32 {fp32 / 1e9:.1f} GFLOP/s, bf16 {bf16 / 1e9:.1f} GFLOP/s at n={n}, "
@@ -384,7 +381,7 @@ def _cpu_profile(quick: bool, systems: bool = True) -> HardwareProfile:
         **_overhead_fields("cpu", quick, systems, lambda: None, notes))
 
 
-def _cuda_link(direction: str, pinned: bool, sizes: list[int], repeats: int) -> LinkCurve:
+def _cuda_link(direction: str, pinned: bool, sizes: list[int], repeats: int) -> Curve:
     sync = torch.cuda.synchronize
     gbps = []
     for s in sizes:
@@ -392,7 +389,7 @@ def _cuda_link(direction: str, pinned: bool, sizes: list[int], repeats: int) -> 
         dev = torch.empty(s, dtype=torch.uint8, device="cuda")
         dst, src = (dev, host) if direction == "h2d" else (host, dev)
         gbps.append(s / _best(functools.partial(dst.copy_, src, non_blocking=pinned), repeats, sync) / GB)
-    return LinkCurve(sizes, gbps)
+    return Curve(sizes, gbps)
 
 
 def _cuda_profile(quick: bool, systems: bool = True) -> HardwareProfile:
@@ -439,45 +436,29 @@ def _cuda_profile(quick: bool, systems: bool = True) -> HardwareProfile:
         **_overhead_fields("cuda", quick, systems, sync, notes))
 
 
-def set_threads(threads: int) -> None:
-    """Measure at ``threads`` compute threads: torch's intra-op pool and GraceAdam's pool (the rates of a
-    2-core machine at 2 threads are not those of its runs at 1)."""
-    if threads < 1:
-        raise ValueError(f"--threads must be >= 1, not {threads}")
-    torch.set_num_threads(threads)
-    try:
-        import grace_adam  # type: ignore[import-not-found]
-
-        grace_adam.set_num_threads(threads)
-    except ImportError:
-        pass
-
-
 def calibrate(out_path: str | os.PathLike[str] | None = None, quick: bool = False,
               systems: bool = True, workloads: list[tuple[str, int, int]] | None = None,
               dtype: str = "fp32", threads: int | None = None) -> HardwareProfile:
     """Measure this machine; write the profile JSON atomically to ``out_path`` if given. ``systems``:
     also time each training system's step machinery on a degenerate model (not with ``quick``).
-    ``workloads``: (model, seq, micro-batch) whose compute is also profiled (calibrate_compute.py), in
+    ``workloads``: (model, seq, micro-batch) whose compute is also profiled (calibrate/compute.py), in
     ``dtype`` (autocast on a GPU; the harness's CPU runs are fp32). ``threads``: compute threads to
     measure at (default: torch's current count); pass the sweep's ``--threads``."""
-    from superoffload.planner import calibrate_compute
-
     if threads is not None:
         set_threads(threads)
 
     cuda = torch.cuda.is_available()
     mem = torch.cuda.get_device_properties(0).total_memory if cuda else _host_memory_bytes()
     if workloads:  # bad names and models too large to profile fail here, before minutes of measuring
-        calibrate_compute.check_workloads(workloads, dtype, mem)
+        compute.check_workloads(workloads, dtype, mem)
     prof = _cuda_profile(quick, systems) if cuda else _cpu_profile(quick, systems)
     if prof.system_step_s:
-        from superoffload.planner.calibrate_systems import net_of_model
+        from superoffload.calibrate.systems import net_of_model
 
         prof.system_step_s = net_of_model(prof)  # the per-parameter slope net of the modelled copies/Adam
     if workloads:
         device = "cuda" if cuda else "cpu"
-        prof.compute_profiles = calibrate_compute.profile_workloads(workloads, device, dtype, mem)
+        prof.compute_profiles = compute.profile_workloads(workloads, device, dtype, mem)
         prof.notes.append(f"compute profiled for {len(workloads)} workload(s) in {dtype} on {device}")
     if out_path is not None:
         prof.save(out_path)
@@ -485,10 +466,8 @@ def calibrate(out_path: str | os.PathLike[str] | None = None, quick: bool = Fals
 
 
 def _run(args: argparse.Namespace) -> int:
-    from superoffload.planner.calibrate_compute import parse_workloads
-
     try:
-        workloads = parse_workloads(args.workloads) if args.workloads else None
+        workloads = compute.parse_workloads(args.workloads) if args.workloads else None
         prof = calibrate(args.out, quick=args.quick, systems=not args.no_systems, workloads=workloads,
                          dtype=args.dtype, threads=args.threads)
     except ValueError as e:
@@ -514,6 +493,6 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, default=None,
                    help="compute threads to measure at (torch and GraceAdam pools; default: torch's count); "
                         "use the --threads of the runs the profile will be compared with")
-    p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"],
+    p.add_argument("--dtype", default="fp32", choices=PRECISIONS,
                    help="compute dtype of --workloads (default fp32, what the CPU sweep runs)")
     p.set_defaults(func=_run)

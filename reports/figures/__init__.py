@@ -1,0 +1,82 @@
+"""Deterministic matplotlib figures of one results folder, one module per family:
+
+- ``sweep``: run records and the cost model's GH200 predictions (throughput, MFU, largest model,
+  predicted / paper);
+- ``ablation``: the ablation runs;
+- ``microbench``: the `bench adam` and `bench cast` files and the link curves;
+- ``telemetry``: utilization timelines and rollback counters of the records.
+
+Every figure function takes the loaded results (reports.data.load_results) and returns a Figure; each
+renders something when its data is missing (an empty-state text saying what is absent and why). SVGs are
+byte-stable: fixed svg.hashsalt, no date metadata, text as text, sorted inputs.
+Points are labelled by provenance: measured (our records), predicted (the cost model,
+superoffload.planner), paper (the paper's value, with its status tag V/S: docs/paper_numbers.md).
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+from pathlib import Path
+
+import matplotlib
+
+from reports import data as D
+from reports.figures.ablation import ablation
+from reports.figures.common import RC, empty, new_fig, params_of, plt
+from reports.figures.microbench import adam_points, adam_rows, cast, cast_series, graceadam, link_bandwidth
+from reports.figures.sweep import largest_model, mfu_vs_seq, paper_comparison, throughput_vs_size
+from reports.figures.telemetry import gpu_timeline, rollbacks
+
+__all__ = ["FIGURES", "adam_points", "adam_rows", "cast_series", "params_of", "render_all", "svg_bytes"]
+
+FIGURES: dict[str, tuple[Callable[[dict], plt.Figure], str]] = {
+    "throughput_vs_size": (
+        throughput_vs_size,
+        "Throughput (model TFLOPS per device) vs model size per "
+        "system; measured lines, cost-model predictions for one GH200 dashed (Fig 10).",
+    ),
+    "mfu_vs_seq": (mfu_vs_seq, "MFU vs sequence length (model FLOPs, no recompute)."),
+    "largest_model": (
+        largest_model,
+        "Largest trainable model per system: measured, predicted, paper (Fig 13).",
+    ),
+    "ablation": (
+        ablation,
+        "Ablation of the superoffload system, cumulative and leave-one-out, with the paper's per-technique factors.",
+    ),
+    "graceadam": (graceadam, "GraceAdam microbenchmark and its speed-ups vs the paper's table."),
+    "cast": (cast, "Cast and transfer microbenchmark."),
+    "link_bandwidth": (
+        link_bandwidth,
+        "Link bandwidth vs transfer size: calibration (measured) and the preset profile the predictions use.",
+    ),
+    "gpu_timeline": (gpu_timeline, "Utilization timeline from the records' telemetry."),
+    "rollbacks": (rollbacks, "Speculation rollback counters from the records."),
+    "paper_comparison": (paper_comparison, "Cost-model predictions divided by the paper's values."),
+}
+
+
+def svg_bytes(fig: plt.Figure) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": "superoffload reports"}, bbox_inches="tight")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def render_all(results: dict, out_dir: str | Path) -> dict[str, Path]:
+    """Write every figure as <name>.svg; a figure that raises becomes an empty-state figure saying so."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    with matplotlib.rc_context(RC):
+        for name, (fn, _) in FIGURES.items():
+            try:
+                fig = fn(results)
+            except Exception as e:  # noqa: BLE001 - one bad figure must not sink the report
+                fig, (ax,) = new_fig()
+                empty(ax, f"{name}: could not draw ({type(e).__name__}: {D.first_line(str(e), 80)})")
+            path = out / f"{name}.svg"
+            path.write_bytes(svg_bytes(fig))
+            paths[name] = path
+    return paths

@@ -1,0 +1,164 @@
+"""DeepSpeed's JIT-built C++ ops: say so before a build starts, and never wait forever on a dead build.
+
+DeepSpeed compiles its CPU ops (``cpu_adam``; ``deepspeed_shm_comm`` for the CPU accelerator's
+communication) the first time a process needs them, through ``torch.utils.cpp_extension.load``, into
+``<TORCH_EXTENSIONS_DIR>/<op name>/`` (default: ``~/.cache/torch_extensions/py<ver>_<accelerator>/``).
+That takes a minute or two with no output, and is cached afterwards.
+
+torch serialises builds with an empty file ``lock`` in that folder (``torch.utils.file_baton``): the
+builder creates it, keeps it open while it builds and removes it at the end; every other process polls
+until it is gone, with no time limit. A build killed hard (SIGKILL, OOM killer, a scheduler's time
+limit) leaves the file behind and every later process waits forever, silently. So, before DeepSpeed
+loads an op, :func:`prepare_op`:
+
+- prints one line if the op will be built (no cached library yet);
+- if a ``lock`` is there and a process on this machine holds it open, says which process is building
+  and lets torch wait for it;
+- if no process on this machine holds it, the build died, or it runs on another machine that shares
+  the folder: the lock is removed, with a one-line warning, once it is older than
+  ``SUPEROFFLOAD_DS_LOCK_STALE_S`` seconds (default 300: far longer than a build, so a build on
+  another machine is not broken). Until then it says so in one line, naming the file to delete to go
+  on at once.
+
+Only torch is imported here; DeepSpeed only inside :func:`prepare_deepspeed_ops`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import torch.utils.cpp_extension
+
+STALE_ENV = "SUPEROFFLOAD_DS_LOCK_STALE_S"
+DEFAULT_STALE_S = 300.0
+# The op builders the DeepSpeed baselines and `bench adam` load (class names of deepspeed.ops.op_builder).
+CPU_OFFLOAD_BUILDERS = ("CPUAdamBuilder", "ShareMemCommBuilder")
+
+
+def _say(msg: str) -> None:
+    print(f"superoffload: {msg}", file=sys.stderr, flush=True)
+
+
+def build_directory(name: str) -> Path:
+    """Where torch's JIT builds op ``name`` (torch's own rule, so the lock we look at is the one it uses)."""
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if root:
+        return Path(root) / name
+    try:  # private in torch, but it is the rule itself (python/accelerator-specific default folder)
+        return Path(torch.utils.cpp_extension._get_build_directory(name, verbose=False))
+    except (AttributeError, TypeError):
+        return Path(torch.utils.cpp_extension.get_default_build_root()) / name
+
+
+def lock_holders(lock: Path) -> list[int] | None:
+    """PIDs of processes on this machine that have ``lock`` open (the builder keeps it open for the whole
+    build); None where this cannot be known (no /proc)."""
+    proc = Path("/proc")
+    if not (proc / "self" / "fd").is_dir():
+        return None
+    target = os.path.realpath(lock)
+    pids = []
+    for pdir in proc.iterdir():
+        if not pdir.name.isdigit():
+            continue
+        try:
+            fds = list((pdir / "fd").iterdir())
+        except OSError:  # gone, or another user's process
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(fd) == target:
+                    pids.append(int(pdir.name))
+                    break
+            except OSError:
+                continue
+    return pids
+
+
+def stale_after_s() -> float:
+    raw = os.environ.get(STALE_ENV, "")
+    try:
+        return float(raw) if raw.strip() else DEFAULT_STALE_S
+    except ValueError:
+        raise ValueError(f"{STALE_ENV}={raw!r} is not a number of seconds") from None
+
+
+def clear_stale_lock(build_dir: Path, stale_s: float | None = None, poll_s: float = 1.0,
+                     say: Callable[[str], None] = _say) -> str:
+    """Deal with ``build_dir/lock`` before a build; returns what was found.
+
+    "free": no lock (or it went away while we looked); "live": a process on this machine holds it (torch
+    will wait for it); "removed": nobody here holds it and it was older than ``stale_s``, so it was deleted.
+    """
+    lock = Path(build_dir) / "lock"
+    stale_s = stale_after_s() if stale_s is None else stale_s
+    told = False
+    while True:
+        try:
+            age = time.time() - lock.stat().st_mtime
+        except FileNotFoundError:
+            return "free"
+        holders = lock_holders(lock)
+        if holders:
+            say(f"waiting for process {', '.join(map(str, holders))}, which is building {lock.parent.name} "
+                f"(lock {lock})")
+            return "live"
+        if age >= stale_s:
+            # A builder closes the file just before it deletes it: look again after that window.
+            time.sleep(min(poll_s, 0.5))
+            if not lock.exists():
+                return "free"
+            if lock_holders(lock):
+                continue
+            try:
+                lock.unlink()
+            except FileNotFoundError:
+                return "free"
+            say(f"warning: removed the stale build lock {lock} ({age:.0f} s old, no process here holds it: an "
+                "interrupted build)")
+            return "removed"
+        if not told:
+            say(f"{lock} is held by no process on this machine (an interrupted build, or a build on another "
+                f"machine); removing it once it is {stale_s:.0f} s old. Delete it to go on now.")
+            told = True
+        time.sleep(min(poll_s, stale_s - age))
+
+
+def prepare_op(name: str, stale_s: float | None = None, say: Callable[[str], None] = _say) -> bool:
+    """Call just before DeepSpeed JIT-loads op ``name``: clears a stale lock, and says so if a build follows.
+    Returns True when the op will be built (no cached library in its build folder)."""
+    build_dir = build_directory(name)
+    clear_stale_lock(build_dir, stale_s, say=say)
+    if (build_dir / f"{name}.so").exists():
+        return False
+    say(f"building DeepSpeed's CPU op {name} in {build_dir} (first use takes ~1-2 min; later runs load it "
+        "in seconds)")
+    return True
+
+
+def prepare_deepspeed_ops(builders: Iterable[str] = CPU_OFFLOAD_BUILDERS, stale_s: float | None = None,
+                          say: Callable[[str], None] = _say) -> list[str]:
+    """:func:`prepare_op` for every op of ``builders`` that this DeepSpeed install builds just in time on
+    this accelerator (ops that came prebuilt, or that the accelerator does not have, are left alone).
+    Returns the names of the ops that will be built. Imports DeepSpeed."""
+    import deepspeed.ops
+    from deepspeed.accelerator import get_accelerator
+    from deepspeed.git_version_info import installed_ops
+
+    accelerator = get_accelerator()
+    compatible = getattr(deepspeed.ops, "__compatible_ops__", {})
+    building = []
+    for cls in builders:
+        try:
+            builder = accelerator.create_op_builder(cls)
+        except (AttributeError, ImportError, ValueError):
+            builder = None
+        if builder is None or installed_ops.get(builder.NAME, False) or not compatible.get(builder.NAME, True):
+            continue  # not on this accelerator, prebuilt, or never built here
+        if prepare_op(builder.NAME, stale_s, say):
+            building.append(builder.NAME)
+    return building

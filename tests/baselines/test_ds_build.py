@@ -1,0 +1,108 @@
+"""DeepSpeed's JIT builds: the line before a build, and a dead build's lock (no build is run here)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+
+from superoffload.harness import ds_build
+
+
+@pytest.fixture
+def ext_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    return tmp_path
+
+
+def _lock(ext_dir, name="cpu_adam", age_s=0.0):
+    d = ext_dir / name
+    d.mkdir(parents=True, exist_ok=True)
+    lock = d / "lock"
+    lock.touch()
+    if age_s:
+        t = time.time() - age_s
+        os.utime(lock, (t, t))
+    return lock
+
+
+def test_build_directory_follows_torch_extensions_dir(ext_dir):
+    assert ds_build.build_directory("cpu_adam") == ext_dir / "cpu_adam"
+
+
+def test_announces_a_build_when_nothing_is_cached(ext_dir):
+    said = []
+    assert ds_build.prepare_op("cpu_adam", say=said.append) is True
+    assert len(said) == 1 and "building DeepSpeed's CPU op cpu_adam" in said[0] and "~1-2 min" in said[0]
+
+
+def test_quiet_when_the_op_is_cached(ext_dir):
+    (ext_dir / "cpu_adam").mkdir()
+    (ext_dir / "cpu_adam" / "cpu_adam.so").write_bytes(b"")
+    said = []
+    assert ds_build.prepare_op("cpu_adam", say=said.append) is False
+    assert said == []
+
+
+def test_stale_lock_without_owner_is_removed_with_one_warning(ext_dir):
+    lock = _lock(ext_dir, age_s=3600)
+    said = []
+    assert ds_build.clear_stale_lock(lock.parent, stale_s=300, poll_s=0.01, say=said.append) == "removed"
+    assert not lock.exists()
+    assert len(said) == 1 and said[0].startswith("warning: removed the stale build lock") and str(lock) in said[0]
+
+
+def test_young_lock_without_owner_is_removed_once_old_enough(ext_dir):
+    lock = _lock(ext_dir)
+    said = []
+    t0 = time.monotonic()
+    assert ds_build.clear_stale_lock(lock.parent, stale_s=0.3, poll_s=0.05, say=said.append) == "removed"
+    assert time.monotonic() - t0 >= 0.25 and not lock.exists()
+    assert len(said) == 2 and "Delete it to go on now" in said[0] and str(lock) in said[0]
+
+
+def test_lock_held_by_a_live_build_is_left_alone(ext_dir):
+    if ds_build.lock_holders(ext_dir / "x") is None:
+        pytest.skip("no /proc: holders cannot be seen")
+    lock = _lock(ext_dir, age_s=3600)
+    fd = os.open(lock, os.O_RDONLY)  # what torch's FileBaton does while it builds
+    try:
+        assert ds_build.lock_holders(lock) == [os.getpid()]
+        said = []
+        assert ds_build.clear_stale_lock(lock.parent, stale_s=0, poll_s=0.01, say=said.append) == "live"
+        assert lock.exists() and f"waiting for process {os.getpid()}" in said[0]
+    finally:
+        os.close(fd)
+
+
+def test_a_lock_released_while_waiting_is_free(ext_dir):
+    lock = _lock(ext_dir)
+    threading.Timer(0.1, lock.unlink).start()
+    assert ds_build.clear_stale_lock(lock.parent, stale_s=60, poll_s=0.02, say=lambda m: None) == "free"
+
+
+def test_prepare_op_clears_the_lock_then_announces(ext_dir):
+    lock = _lock(ext_dir, age_s=3600)
+    said = []
+    assert ds_build.prepare_op("cpu_adam", stale_s=300, say=said.append) is True
+    assert not lock.exists() and len(said) == 2 and "building" in said[1]
+
+
+def test_stale_after_comes_from_the_environment(monkeypatch):
+    monkeypatch.setenv(ds_build.STALE_ENV, "12.5")
+    assert ds_build.stale_after_s() == 12.5
+    monkeypatch.setenv(ds_build.STALE_ENV, "soon")
+    with pytest.raises(ValueError, match=ds_build.STALE_ENV):
+        ds_build.stale_after_s()
+
+
+def test_deepspeed_ops_of_this_accelerator(ext_dir, needs_deepspeed):
+    """With nothing cached, the ops this DeepSpeed builds just in time are announced (and nothing is built)."""
+    from deepspeed.git_version_info import installed_ops
+
+    said = []
+    building = ds_build.prepare_deepspeed_ops(say=said.append)
+    assert ("cpu_adam" in building) != bool(installed_ops.get("cpu_adam")) and len(said) == len(building)
+    assert not list(ext_dir.rglob("*.so"))  # announced, not built

@@ -1,0 +1,47 @@
+"""Predicted vs measured rows from run records, with the options each run really used."""
+
+import dataclasses
+
+from superoffload.calibrate.accuracy import compare, format_rows, run_options
+from superoffload.harness.runner import run_benchmark
+from superoffload.harness.system import RunConfig
+from superoffload.planner.costmodel import Workload, predict
+from superoffload.planner.presets import get_profile
+from superoffload.shapes import get_shape
+
+
+def test_compare_real_records():
+    recs = [run_benchmark(RunConfig(system=s, model="gpt-tiny", seq=32, batch=2, steps=2, warmup=1, threads=1))
+            for s in ("torch", "superoffload")]
+    recs.append({**recs[0], "status": "error"})  # errors are skipped
+    rows = compare(recs, get_profile("cpu"))
+    assert [r["system"] for r in rows] == ["torch", "superoffload"]
+    for r in rows:
+        assert r["predicted_s"] > 0 and r["measured_s"] > 0
+        assert r["rel_error"] == r["predicted_s"] / r["measured_s"] - 1
+    text = format_rows(rows, "cpu")
+    assert "within ±20%" in text and "gpt-tiny" in text
+
+
+def test_a_run_with_another_host_kernel_is_predicted_with_that_kernel():
+    """The record's engine config reaches the cost model whole: a run made with host_optimizer torch is
+    predicted with torch's host Adam rate, not GraceAdam's."""
+    run = RunConfig(system="superoffload", model="gpt-tiny", seq=32, batch=2, steps=2, warmup=1, threads=1,
+                    system_options={"host_optimizer": "torch"})
+    rec = run_benchmark(run)
+    assert rec["status"] == "ok", rec["error"]
+    opts = run_options(rec)
+    assert opts.host_optimizer == "torch"
+    assert opts.bucket_size == rec["system_stats"]["config"]["bucket_size"]
+    (row,) = compare([rec], get_profile("cpu"))
+    w = Workload(get_shape("gpt-tiny"), 32, 2, False, dtype="fp32")
+    torch_pred = predict("superoffload", w, get_profile("cpu"), opts).step_time_s
+    grace_pred = predict("superoffload", w, get_profile("cpu"),
+                         dataclasses.replace(opts, host_optimizer="grace")).step_time_s
+    assert row["predicted_s"] == torch_pred != grace_pred
+
+
+def test_peer_records_take_precision_and_clipping_from_the_run():
+    rec = {"system": "zero_offload", "run": {"dtype": "bf16", "grad_clip": 0.0, "grad_accum": 2}}
+    opts = run_options(rec)
+    assert (opts.precision, opts.clipping, opts.grad_accum) == ("bf16", False, 2)

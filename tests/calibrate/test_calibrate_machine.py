@@ -1,0 +1,35 @@
+"""`superoffload calibrate` on this machine: a quick profile that the planner can use, and the CLI."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from superoffload.calibrate import machine as calibrate_mod
+from superoffload.planner.plan import make_plan
+from superoffload.planner.presets import get_profile
+from superoffload.shapes import get_shape
+
+
+def test_calibrate_quick_on_this_machine(tmp_path) -> None:
+    t0 = time.perf_counter()
+    out = tmp_path / "prof.json"
+    prof = calibrate_mod.calibrate(out, quick=True)
+    assert time.perf_counter() - t0 < 30
+    assert out.exists()
+    assert prof.device_matmul_flops > 0 and prof.device_peak_flops > 0
+    assert all(g > 0 for g in prof.d2h_pinned.gbps + prof.h2d_pinned.gbps)
+    assert all(v > 0 for v in prof.host_adam_gbps.values())
+    assert set(prof.host_adam_gbps) == {"torch", "cpuadam", "grace"}  # the engine's host_optimizer names
+    assert prof.host_cast_gbps > 0 and prof.sync_latency_s > 0 and prof.host_cores >= 1
+    # the measured profile drives the planner
+    plan = make_plan(get_shape("gpt-tiny"), 128, 2, get_profile(str(out)))
+    assert plan.predicted is not None and plan.predicted.step_time_s > 0
+
+
+def test_add_cli_wires_calibrate() -> None:
+    parser = argparse.ArgumentParser(prog="superoffload")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    calibrate_mod.add_cli(sub)
+    args = parser.parse_args(["calibrate", "--quick", "--threads", "1"])
+    assert args.func is not None and args.threads == 1 and args.quick
