@@ -80,6 +80,10 @@ class Device:
     def new_event(self) -> Any:
         return NullEvent()
 
+    def enabled(self, point: str) -> bool:
+        """Whether a host-side ordering point runs (the simulator's mutation tests switch points off)."""
+        return True
+
     def record(self, event: Any, stream: Any, point: str) -> None:
         """`event` captures the work enqueued on `stream` so far."""
 
@@ -125,7 +129,7 @@ class Device:
         """A gradient autograd produced (on the current stream) is now held by the engine's parameter."""
         self.ledger.alloc("grads", _nbytes(grad))
 
-    def release_grad(self, grad: torch.Tensor, read_on: Sequence[Any]) -> None:
+    def release_grad(self, grad: torch.Tensor, read_on: Sequence[Any], point: str = "") -> None:
         """The engine drops a gradient that streams in `read_on` may still read: the allocator must not
         hand its memory to new work before they are done (CUDA: record_stream)."""
         self.ledger.free("grads", _nbytes(grad))

@@ -69,10 +69,10 @@ class CudaDevice(Device):
         torch.cuda.synchronize(self.torch_device)
 
     # --- memory ------------------------------------------------------------------------------------
-    def release_grad(self, grad: torch.Tensor, read_on: Sequence[Any]) -> None:
+    def release_grad(self, grad: torch.Tensor, read_on: Sequence[Any], point: str = "") -> None:
         for s in read_on:
             grad.record_stream(s)
-        super().release_grad(grad, read_on)
+        super().release_grad(grad, read_on, point)
 
     def host_buffer(self, nbytes: int, pinned: bool, category: str) -> torch.Tensor:
         if not pinned:

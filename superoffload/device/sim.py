@@ -257,6 +257,9 @@ class SimDevice(Device):
         self.points_seen.add(point)
         return point not in self.disabled_points
 
+    def enabled(self, point: str) -> bool:
+        return self._enabled(point)
+
     def record(self, event: SimEvent, stream: SimStream, point: str) -> None:
         if self._enabled(point):
             self.hb.launch(stream)
@@ -332,10 +335,11 @@ class SimDevice(Device):
             self.hb.launch(self._current())
             self.hb.access(self._current(), base, s, e, True, "gradient accumulation")
 
-    def release_grad(self, grad: torch.Tensor, read_on: Sequence[Any]) -> None:
+    def release_grad(self, grad: torch.Tensor, read_on: Sequence[Any], point: str = "") -> None:
         # the ledger entry ends when the storage's last tensor dies (the finalizer), not here
+        safe = tuple(read_on) if not point or self._enabled(point) else ()
         if grad.numel():
-            self.hb.free(grad.untyped_storage().data_ptr(), on=self._current(), safe_streams=tuple(read_on))
+            self.hb.free(grad.untyped_storage().data_ptr(), on=self._current(), safe_streams=safe)
 
     def storage_alloc(self, t: torch.Tensor, category: str) -> None:
         self.ledger.alloc(category, _nbytes(t))

@@ -134,6 +134,7 @@ class Bucket:
         self.uploaded = dev.host_event(f"bucket {layout.index} uploaded")
         self.uploaded.set()
         self._uploads_pending = 0
+        self._settle_on_publish = False  # worker thread: this finalize still owes the upload count
         self.idle = dev.host_event(f"bucket {layout.index} idle")  # no queued task reads landing/upload
         self.idle.set()
         self._pending = 0
@@ -289,11 +290,14 @@ class Bucket:
 
     def finalize(self, kind: Finalize, scale: float, hps: dict[int, HyperParams], steps: dict[int, int],
                  speculated: bool) -> None:
-        """Execute the engine's decision. Always settles the upload count the engine raised for it."""
+        """Execute the engine's decision. The upload count the engine raised for it is settled as soon
+        as the weights are published (a deferred commit pass still runs after), or on failure."""
+        self._settle_on_publish = kind is not Finalize.NOTHING
         try:
             self._finalize(kind, scale, hps, steps, speculated)
         finally:
-            if kind is not Finalize.NOTHING:
+            if self._settle_on_publish:
+                self._settle_on_publish = False
                 self._upload_settled()
 
     def _finalize(self, kind: Finalize, scale: float, hps: dict[int, HyperParams], steps: dict[int, int],
@@ -369,3 +373,6 @@ class Bucket:
                     self.gather = ctx.comm.all_gather(self.home, self.home_shard(), worker=True)
             dev.record(self.upload_event, stream, "publish: weights written")
         ctx.counters.add(bytes_h2d=nbytes, upload_s=time.perf_counter() - t0)
+        if self._settle_on_publish:  # the next forward may use these weights now
+            self._settle_on_publish = False
+            self._upload_settled()

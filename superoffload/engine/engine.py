@@ -540,7 +540,7 @@ class SuperOffloadEngine:
 
     def _launch(self, b: Bucket) -> None:
         dev, comm = self.device, self.comm
-        if not b.idle.is_set():
+        if dev.enabled("launch: waits for the bucket's host tasks") and not b.idle.is_set():
             self.worker.wait_event(b.idle)  # last step's tasks still read this bucket's landing buffer
         t0 = time.perf_counter()
         b.mark_present()
@@ -565,7 +565,7 @@ class SuperOffloadEngine:
             dev.kernels.grad_norm_sq(shard, self.norms[b.index: b.index + 1])
             dev.record(b.flat_ready, side, "launch: gradient flattened")
         for s, g in grads:  # autograd's gradient is consumed: its memory returns once the side stream is done
-            dev.release_grad(g, read_on=(side,))
+            dev.release_grad(g, read_on=(side,), point="launch: gradients freed after the side stream")
             s.param.grad = None
         if b.host is not None:
             self._land(b, shard, slot)
@@ -710,7 +710,7 @@ class SuperOffloadEngine:
         dev = self.device
         cur = dev.current_stream()
         for b in buckets:
-            if not b.uploaded.is_set():
+            if dev.enabled("forward: waits for the upload count") and not b.uploaded.is_set():
                 self.worker.wait_event(b.uploaded)
             if b.gather is not None:
                 self.comm.wait(b.gather)

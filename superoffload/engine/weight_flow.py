@@ -286,7 +286,10 @@ class WeightFlow:
         buckets' host steps; otherwise (a prefetch) skip it rather than stall the training thread."""
         if blk.resident:
             return True
-        pending = [st.bucket for st in blk.stores if st.bucket is not None and not st.bucket.uploaded.is_set()]
+        if not self.device.enabled("flow fetch: waits for the upload count"):
+            pending = []
+        else:
+            pending = [st.bucket for st in blk.stores if st.bucket is not None and not st.bucket.uploaded.is_set()]
         if pending and not demand and not self.comm.active:
             return False
         for b in pending:

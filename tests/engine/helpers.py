@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 import grace_adam
@@ -65,14 +67,89 @@ def train_reference(model, precision: str, steps: int, data, opt: dict = OPT, ac
     return {"master": master, "exp_avg": m, "exp_avg_sq": v}, losses
 
 
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's bit pattern (so that NaNs compare equal to themselves)."""
+    t = t.detach().contiguous()
+    return t.view({8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}[t.element_size()])
+
+
 def assert_state_equal(a: dict, b: dict) -> None:
     """Two engine state_dicts hold bit-identical masters, moments, step counts and loss scale."""
-    assert a["params"].keys() == b["params"].keys()
-    for name in a["params"]:
-        for k, va in a["params"][name].items():
-            vb = b["params"][name][k]
+    from superoffload.engine.checkpoint import param_state
+
+    pa, pb = param_state(a), param_state(b)
+    assert pa.keys() == pb.keys()
+    for name in pa:
+        assert pa[name].keys() == pb[name].keys(), name
+        for k, va in pa[name].items():
+            vb = pb[name][k]
             if isinstance(va, torch.Tensor):
-                assert torch.equal(va, vb), f"{name}.{k} differs"
+                assert torch.equal(bits(va), bits(vb)), f"{name}.{k} differs"
             else:
                 assert va == vb, f"{name}.{k}: {va} != {vb}"
     assert a["loss_scale"] == b["loss_scale"]
+
+
+class Schedule:
+    """Per-step clipping thresholds and gradient injections, identical for both runs.
+
+    `clip[step]` sets grad_clip for that step (a tiny value forces clipping to fire); `inject[step]` is
+    a list of (bucket selector, value) pairs: the first gradient element of the first parameter of that
+    bucket becomes `value` (nan / inf) after accumulation, before the engine sees it.
+    """
+
+    def __init__(self, clip: dict[int, float], inject: dict[int, list[tuple[str, float]]], base_clip: float):
+        self.clip, self.inject, self.base_clip = clip, inject, base_clip
+        self.step = 0
+        self.engine = None
+
+    def target_names(self) -> list[tuple[str, float]]:
+        eng, out = self.engine, []
+        if eng is None or not eng.layout_measured:
+            return out
+        host = [b for b in eng.buckets if not b.on_device]
+        dev = [b for b in eng.buckets if b.on_device]
+        pick = {"first": host[0] if host else None, "middle": host[len(host) // 2] if host else None,
+                "last": host[-1] if host else None, "tail": dev[0] if dev else None}
+        for sel, value in self.inject.get(self.step, []):
+            b = pick[sel]
+            if b is not None:
+                out.append((b.slots[0].name, value))
+        return out
+
+    def attach(self, model: torch.nn.Module) -> None:
+        # registered before initialize: runs before the engine's hook on the same parameter
+        for name, p in model.named_parameters():
+            p.register_post_accumulate_grad_hook(lambda p, name=name: self._inject(name, p))
+
+    def _inject(self, name: str, p: torch.Tensor) -> None:
+        if self.engine is None or not self.engine.is_boundary:
+            return  # inject only in the micro-step that completes the accumulation
+        for target, value in self.target_names():
+            if target == name:
+                p.grad.view(-1)[0] = value
+
+    def before_step(self, engine, i: int) -> None:
+        self.engine, self.step = engine, i
+        engine.config.grad_clip = self.clip.get(i, self.base_clip)
+
+
+def run(model_fn, cfg: dict, steps: int, sched: Schedule, data, accum: int = 1):
+    return run_losses(model_fn, cfg, steps, sched, data, accum)[0]
+
+
+def run_losses(model_fn, cfg: dict, steps: int, sched: Schedule, data, accum: int = 1):
+    """(engine, losses) of a run under `sched` (schedules attach before initialize)."""
+    model = model_fn()
+    sched.attach(model)
+    return train_engine(model, {**cfg, "grad_accum": accum}, steps, data, hook=sched.before_step)
+
+
+def make_schedule(steps: int) -> Schedule:
+    clip = {i: 1e-3 for i in range(3, steps, 7)}  # clipping fires on these steps
+    inject = {}
+    for k, i in enumerate(range(5, steps, 11)):
+        sel = ["first", "middle", "last", "tail"][k % 4]
+        inject[i] = [(sel, math.nan if k % 2 else math.inf)]
+    inject[steps // 2] = [("first", math.nan), ("last", math.inf)]
+    return Schedule(clip, inject, base_clip=1e3)

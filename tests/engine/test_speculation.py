@@ -11,67 +11,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import superoffload
-from tests.engine.helpers import OPT, assert_state_equal, batches, make_model, train_engine
-
-
-class Schedule:
-    """Per-step clipping thresholds and gradient injections, identical for both runs.
-
-    `clip[step]` sets grad_clip for that step (a tiny value forces clipping to fire); `inject[step]` is
-    a list of (bucket selector, value) pairs: the first gradient element of the first parameter of that
-    bucket becomes `value` (nan / inf) after accumulation, before the engine sees it.
-    """
-
-    def __init__(self, clip: dict[int, float], inject: dict[int, list[tuple[str, float]]], base_clip: float):
-        self.clip, self.inject, self.base_clip = clip, inject, base_clip
-        self.step = 0
-        self.engine = None
-
-    def target_names(self) -> list[tuple[str, float]]:
-        eng, out = self.engine, []
-        if eng is None or not eng.layout_measured:
-            return out
-        host = [b for b in eng.buckets if not b.on_device]
-        dev = [b for b in eng.buckets if b.on_device]
-        pick = {"first": host[0] if host else None, "middle": host[len(host) // 2] if host else None,
-                "last": host[-1] if host else None, "tail": dev[0] if dev else None}
-        for sel, value in self.inject.get(self.step, []):
-            b = pick[sel]
-            if b is not None:
-                out.append((b.slots[0].name, value))
-        return out
-
-    def attach(self, model: torch.nn.Module) -> None:
-        # registered before initialize: runs before the engine's hook on the same parameter
-        for name, p in model.named_parameters():
-            p.register_post_accumulate_grad_hook(lambda p, name=name: self._inject(name, p))
-
-    def _inject(self, name: str, p: torch.Tensor) -> None:
-        if self.engine is None or not self.engine.is_boundary:
-            return  # inject only in the micro-step that completes the accumulation
-        for target, value in self.target_names():
-            if target == name:
-                p.grad.view(-1)[0] = value
-
-    def before_step(self, engine, i: int) -> None:
-        self.engine, self.step = engine, i
-        engine.config.grad_clip = self.clip.get(i, self.base_clip)
-
-
-def run(model_fn, cfg: dict, steps: int, sched: Schedule, data, accum: int = 1):
-    model = model_fn()
-    sched.attach(model)
-    return train_engine(model, {**cfg, "grad_accum": accum}, steps, data, hook=sched.before_step)[0]
-
-
-def make_schedule(steps: int) -> Schedule:
-    clip = {i: 1e-3 for i in range(3, steps, 7)}  # clipping fires on these steps
-    inject = {}
-    for k, i in enumerate(range(5, steps, 11)):
-        sel = ["first", "middle", "last", "tail"][k % 4]
-        inject[i] = [(sel, math.nan if k % 2 else math.inf)]
-    inject[steps // 2] = [("first", math.nan), ("last", math.inf)]
-    return Schedule(clip, inject, base_clip=1e3)
+from tests.engine.helpers import (
+    OPT,
+    Schedule,
+    assert_state_equal,
+    batches,
+    make_model,
+    make_schedule,
+    run,
+)
 
 
 @pytest.mark.parametrize("precision,mode", [("fp32", "deferred"), ("bf16", "deferred"), ("fp16", "deferred"),
@@ -170,11 +118,15 @@ class _XData:
        inject=st.dictionaries(st.integers(1, 9), st.lists(st.tuples(
            st.sampled_from(["first", "middle", "last", "tail"]), st.sampled_from([math.nan, math.inf, -math.inf])),
            max_size=2), max_size=3),
-       clip_steps=st.sets(st.integers(0, 9), max_size=4))
+       clip_steps=st.sets(st.integers(0, 9), max_size=4), skip_nonfinite=st.booleans(),
+       device=st.sampled_from(["host", "sim"]))
 def test_property_random_shapes_buckets_injections(widths, bucket_size, tail, precision, accum, mode, inject,
-                                                  clip_steps):
+                                                  clip_steps, skip_nonfinite, device):
+    """Speculation on `device` equals validate-first on the CPU-only device, bit for bit (so on the
+    simulated device it also checks that the CUDA code path computes exactly what the host path does),
+    also with skip_nonfinite off, where a non-finite shard is committed by a redo."""
     cfg = {"optimizer": OPT, "precision": precision, "bucket_size": bucket_size, "device_tail_buckets": tail,
-           "rollback_mode": mode, "grad_accum": accum}
+           "rollback_mode": mode, "grad_accum": accum, "skip_nonfinite": skip_nonfinite}
 
     def model_fn():
         return MLP(widths, seed=0)
@@ -183,8 +135,9 @@ def test_property_random_shapes_buckets_injections(widths, bucket_size, tail, pr
         return Schedule({i: 1e-4 for i in clip_steps}, inject, base_clip=1e4)
 
     data = _XData(widths[0])
-    spec = _run_mlp(model_fn, {**cfg, "speculation_policy": {"max_rollback_rate": 1.0}}, sched(), data)
-    ref = _run_mlp(model_fn, {**cfg, "speculation": False}, sched(), data)
+    spec = _run_mlp(model_fn, {**cfg, "device": device, "speculation_policy": {"max_rollback_rate": 1.0}},
+                    sched(), data)
+    ref = _run_mlp(model_fn, {**cfg, "device": "host", "speculation": False}, sched(), data)
     assert_state_equal(spec.state_dict(), ref.state_dict())
     spec.close()
     ref.close()

@@ -16,8 +16,7 @@ import torch
 import superoffload
 from superoffload.engine import ConfigError
 from superoffload.harness.models import build_model, get_shape
-from tests.engine.helpers import OPT, assert_state_equal, batches, train_engine
-from tests.engine.test_speculation import Schedule, make_schedule
+from tests.engine.helpers import OPT, Schedule, assert_state_equal, batches, make_schedule, train_engine
 
 SEQ = 16
 
