@@ -189,13 +189,79 @@ def _write_state(eng: SuperOffloadEngine, own: dict[str, Any] | None, full: dict
                 if src_t is None:
                     raise ValueError(f"{s.name}: the checkpoint has no {k} (was it saved with amsgrad off?)")
                 t.copy_(src_t.reshape(-1))
+    publish_masters(eng)
+
+
+def publish_masters(eng: SuperOffloadEngine) -> None:
+    """The weights from the masters, after the masters were set outside a step: each rank casts its
+    shard into home, then every bucket is all-gathered (a collective: every rank calls it)."""
+    with torch.no_grad():
         for b in [*eng.buckets, *(b for b in eng._flow_buckets if b not in eng.buckets)]:
             master = b.tail["master"] if b.tail is not None else b.host.master
             b.home_shard().copy_(master)
+            if b.host is not None:
+                b.host.upload.copy_(master)  # the upload copy mirrors the weights (see Bucket._run_kernel)
             if not b.flowed:
                 b.gather = eng.comm.all_gather(b.home, b.home_shard(), worker=False)
                 eng.comm.wait(b.gather)
                 b.gather = None
     if eng.flow is not None:
+        for blk in eng.flow.blocks.values():
+            blk.stale = True
         eng.flow.reload_resident()
     eng.device.synchronize()
+
+
+def save_checkpoint(eng: SuperOffloadEngine, save_dir: str, tag: str | None, client_state: dict | None) -> str:
+    import os
+
+    tag = tag or f"global_step{eng.global_step}"
+    folder = os.path.join(save_dir, tag)
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"rank{eng.comm.rank}.pt")
+    _atomic_save({"engine": eng.state_dict(), "client_state": client_state or {}}, path)
+    if eng.comm.rank == 0:
+        _atomic_text(os.path.join(save_dir, "latest"), tag)
+    return path
+
+
+def load_checkpoint(eng: SuperOffloadEngine, load_dir: str, tag: str | None) -> tuple[str, dict]:
+    import glob
+    import os
+
+    if tag is None:
+        latest = os.path.join(load_dir, "latest")
+        if not os.path.exists(latest):
+            raise FileNotFoundError(f"no checkpoint in {load_dir}: it has no 'latest' file (pass tag=)")
+        with open(latest) as f:
+            tag = f.read().strip()
+    folder = os.path.join(load_dir, tag)
+    own = os.path.join(folder, f"rank{eng.comm.rank}.pt")
+    files = sorted(glob.glob(os.path.join(folder, "rank*.pt")))
+    if not files:
+        raise FileNotFoundError(f"no checkpoint files in {folder}")
+    first = torch.load(files[0], map_location="cpu", weights_only=False)
+    if first["engine"].get("world_size") == eng.comm.world and os.path.exists(own):
+        blob = torch.load(own, map_location="cpu", weights_only=False)
+        eng.load_state_dict(blob["engine"])
+        return own, blob["client_state"]
+    blobs = [torch.load(f, map_location="cpu", weights_only=False) for f in files]
+    eng.load_state_dict([b["engine"] for b in blobs])
+    return folder, blobs[0]["client_state"]
+
+
+def _atomic_save(obj: Any, path: str) -> None:
+    import os
+
+    tmp = f"{path}.tmp{os.getpid()}"
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def _atomic_text(path: str, text: str) -> None:
+    import os
+
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)

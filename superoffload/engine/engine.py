@@ -725,6 +725,8 @@ class SuperOffloadEngine:
         hyper-parameters, the loss scale, the bucket layout and, mid-accumulation, the partial gradients:
         everything for a bit-exact resume (`superoffload.engine.checkpoint` reads it)."""
         self._check_usable()
+        if not self._backward_done:
+            self._adopt_user_weight_changes()
         return ckpt.engine_state_dict(self)
 
     def load_state_dict(self, sd: dict[str, Any] | list[dict[str, Any]]) -> None:
@@ -732,6 +734,74 @@ class SuperOffloadEngine:
         rank's dicts (any world size: the state is re-sharded). Older per-parameter dicts load too."""
         self._check_usable()
         ckpt.load_engine_state_dict(self, sd)
+
+    def load_model_state_dict(self, sd: dict[str, torch.Tensor], strict: bool = True) -> None:
+        """Load model weights (e.g. a pretrained checkpoint) into the engine: each trained parameter's
+        fp32 master takes the given values exactly (not rounded through the device precision first), the
+        device weights are their cast, Adam's moments and step counts are kept (as
+        `model.load_state_dict` followed by torch.optim would). Buffers and frozen parameters are
+        loaded as `model.load_state_dict` loads them. Call it on every rank."""
+        self._check_usable()
+        self.synchronize()
+        trained = {s.name: s for s in self.slots}
+        rest = {k: v for k, v in sd.items() if k not in trained}
+        missing, unexpected = self.model.load_state_dict(rest, strict=False)
+        missing = [k for k in missing if k not in trained]
+        if strict and (missing or unexpected):
+            raise KeyError(f"load_model_state_dict: missing keys {missing[:5]}, unexpected keys {unexpected[:5]}")
+        with torch.no_grad():
+            for name, s in trained.items():
+                if name not in sd:
+                    continue
+                value = sd[name].detach().to("cpu", torch.float32).reshape(-1)
+                if value.numel() != s.numel:
+                    raise ValueError(f"{name}: {value.numel()} elements in the state_dict, {s.numel} in the model")
+                if not self.buckets:
+                    self._pending_master[s.index] = value.clone()
+                    s.param.data.copy_(value.view(s.param.shape))
+                    continue
+                b = self.buckets[s.bucket]
+                master = b.tail["master"] if b.tail is not None else b.host.master
+                a, e = max(s.offset, b.lo), min(s.offset + s.numel, b.hi)
+                if a < e:
+                    master[a - b.lo: e - b.lo].copy_(value[a - s.offset: e - s.offset])
+        if self.buckets:
+            ckpt.publish_masters(self)
+        self._versions = self._weight_versions()
+
+    # --- DeepSpeed's names, so a DeepSpeed training loop ports unchanged (docs/engine.md has the table)
+    @property
+    def module(self) -> nn.Module:
+        return self.model
+
+    @property
+    def global_steps(self) -> int:
+        return self.global_step
+
+    def get_lr(self) -> list[float]:
+        """The current learning rate of each param group."""
+        return [float(g["lr"]) for g in self.optimizer.param_groups]
+
+    def get_global_grad_norm(self) -> float:
+        """The last step's global gradient norm (after unscaling; nan before the first step or after a
+        non-finite step)."""
+        return self.last_grad_norm
+
+    def is_gradient_accumulation_boundary(self) -> bool:
+        return self.is_boundary
+
+    def gradient_accumulation_steps(self) -> int:
+        return self.config.grad_accum
+
+    def save_checkpoint(self, save_dir: str, tag: str | None = None, client_state: dict | None = None) -> str:
+        """This rank's `state_dict()` (and `client_state`) into `save_dir/tag/rank{r}.pt`, and the tag
+        into `save_dir/latest`, written atomically. Call it on every rank."""
+        return ckpt.save_checkpoint(self, save_dir, tag, client_state)
+
+    def load_checkpoint(self, load_dir: str, tag: str | None = None) -> tuple[str, dict]:
+        """Resume from `save_checkpoint`'s directory (the `latest` tag by default): this rank's file at
+        the same world size, every rank's files at another. Returns (path, client_state)."""
+        return ckpt.load_checkpoint(self, load_dir, tag)
 
     @property
     def stats(self) -> dict[str, Any]:
