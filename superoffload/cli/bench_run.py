@@ -89,8 +89,10 @@ def add_cli(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--checkpointing", action="store_true", help="activation checkpointing per block")
     p.add_argument("--threads", type=_positive_int, default=None,
                    help="host threads for torch and the host optimizer (default: torch's default)")
-    p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto",
-                   help="auto uses CUDA when available (default auto)")
+    p.add_argument("--device", choices=["auto", "cuda", "host", "sim", "cpu"], default="auto",
+                   help="auto uses CUDA when available, else host (the CPU; cpu is its old name); sim runs the "
+                        "superoffload engine's CUDA code path on a simulated device with checked stream "
+                        "ordering and a memory ledger (default auto)")
     p.add_argument("--peak-flops", type=_positive_float, default=None,
                    help="override the peak FLOP/s used for MFU/HFU (default: GPU table or measured CPU peak)")
     p.add_argument("--data", default=None,
@@ -179,7 +181,7 @@ def check_memory(run: RunConfig, shape: ModelShape, host_available: float | None
     from superoffload.planner.systems import SYSTEMS as MODELLED
     from superoffload.planner.systems import Options, system_spec
 
-    cuda = run.device != "cpu" and torch.cuda.is_available()
+    cuda = run.device not in ("cpu", "host", "sim") and torch.cuda.is_available()
     host = float(psutil.virtual_memory().available if host_available is None else host_available)
     device = host  # CPU-only: the device is the host
     if cuda:

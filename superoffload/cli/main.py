@@ -14,6 +14,7 @@ BENCH_COMMANDS = [
     "superoffload.cli.bench_compare",
     "superoffload.harness.microbench.adam",
     "superoffload.harness.microbench.cast",
+    "superoffload.harness.microbench.memory",
 ]
 TOP_COMMANDS = [
     "superoffload.calibrate.machine",  # calibrate
@@ -38,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "SuperOffload training engine tools and benchmark harness.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     top = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    bench = top.add_parser("bench", help="benchmarks: run, compare, adam, cast",
+    bench = top.add_parser("bench", help="benchmarks: run, compare, adam, cast, memory",
                            description="Benchmarks that write JSON records.")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True, metavar="BENCH")
     _register(bench_sub, BENCH_COMMANDS)

@@ -39,7 +39,7 @@ from superoffload.device import Device
 from superoffload.engine.comm import Comm
 from superoffload.engine.config import ConfigError, SuperOffloadConfig
 from superoffload.engine.hooks import EngineHook
-from superoffload.engine.layout import BucketLayout, ParamSlot, _layout
+from superoffload.engine.layout import BucketLayout, ParamSlot, layout_bucket
 from superoffload.engine.worker import HostWorker
 from superoffload.packing import pack_whole_tensors
 
@@ -191,7 +191,7 @@ class WeightFlow:
         for blk in self.blocks.values():
             members = list(reversed(blk.slots))
             for positions in pack_whole_tensors([s.numel for s in members], self.cfg.bucket_size):
-                blk.layouts.append(_layout(-1, [members[i] for i in positions], world, blk.pos))
+                blk.layouts.append(layout_bucket(-1, [members[i] for i in positions], world, blk.pos))
             out += blk.layouts
         return out
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from superoffload.device import get_device
+from superoffload.device import DEVICE_KINDS, get_device
 from superoffload.harness import flops, peak, provenance, record
 from superoffload.harness.data import SyntheticData, TokenFileData
 from superoffload.harness.models import build_model, count_params, get_shape
@@ -58,9 +58,13 @@ def validate_run(run: RunConfig) -> ModelShape:
     if not shape.learned_positions and run.seq > shape.max_seq:
         raise ValueError(f"seq {run.seq} exceeds {run.model}'s max positions {shape.max_seq}")
     if run.device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device 'cuda' requested but no CUDA device is available; use --device cpu")
-    if run.device not in ("auto", "cuda", "cpu"):
-        raise ValueError(f"device must be auto, cuda or cpu, got {run.device!r}")
+        raise ValueError("device 'cuda' requested but no CUDA device is available; use --device host (the CPU) "
+                         "or --device sim (the engine's CUDA code path, simulated on the CPU)")
+    if run.device not in DEVICE_KINDS:
+        raise ValueError(f"device must be one of {', '.join(DEVICE_KINDS)}, got {run.device!r}")
+    if run.device == "sim" and run.system != "superoffload":
+        raise ValueError(f"--device sim simulates the SuperOffload engine's CUDA code path; run system "
+                         f"{run.system!r} with --device host (or cpu)")
     data = run.system_options.get("data")
     if data is not None and not os.path.exists(data):
         raise ValueError(f"data file {data!r} does not exist")
@@ -111,7 +115,7 @@ def run_benchmark(run: RunConfig, progress: Callable[[int, int, float], None] | 
     run.world_size = world
     if run.threads:
         torch.set_num_threads(run.threads)
-    if world > 1 and run.device != "cpu" and torch.cuda.is_available():
+    if world > 1 and run.device not in ("cpu", "host", "sim") and torch.cuda.is_available():
         # one GPU per rank: without this every torchrun rank would train on cuda:0
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     device = get_device(run.device)

@@ -24,10 +24,10 @@ from superoffload.planner.memory import (
     ADAM_STATE,
     BF16,
     FP32,
-    ROLLBACK_EXTRA_HOST_BYTES,
+    EngineMemoryInput,
     MemoryEstimate,
-    activation_bytes,
-    logits_bytes,
+    activation_memory,
+    engine_memory,
 )
 from superoffload.planner.schedule import COMPUTE, D2H, H2D, HOST, Graph, Schedule, simulate
 from superoffload.planner.systems import Options, SystemSpec, system_spec
@@ -450,12 +450,17 @@ def estimate_memory(w: Workload, hw: HardwareProfile, spec: SystemSpec, opts: Op
     n = sh.total_params()
     layer = sh.block_params()
     m = MemoryEstimate()
-    m.device["activations"] = activation_bytes(sh, w.seq, w.batch, w.activation_checkpointing)
-    m.device["logits"] = logits_bytes(sh, w.seq, w.batch)
+    m.device.update(activation_memory(sh, w.seq, w.batch, w.activation_checkpointing))
     m.device["reserve"] = hw.device_reserve_bytes
     m.host["reserve"] = hw.host_reserve_bytes
     if spec.grad_accum > 1 and not spec.device_only:
         m.device["grad_accum_buffer"] = BF16 * n
+    if spec.name == "superoffload":
+        # the engine's own allocations, as its memory ledger counts them (memory.engine_memory)
+        mem = engine_memory(sh, w.seq, w.batch, w.activation_checkpointing, engine_memory_input(opts, hw))
+        mem.device["reserve"] = hw.device_reserve_bytes
+        mem.host["reserve"] = hw.host_reserve_bytes
+        return mem
     if spec.device_only:
         # fp32 params + fp32 grads + Adam m, v, plus autocast's bf16 weight copies kept for backward
         m.device["params_fp32"] = FP32 * n
@@ -488,12 +493,18 @@ def estimate_memory(w: Workload, hw: HardwareProfile, spec: SystemSpec, opts: Op
         m.device["return_staging"] = in_flight * bucket * FP32
     host_params = n - tail
     m.host["master_m_v"] = ADAM_STATE * host_params
-    # gradients stay on the host until validation (speculation may have to redo the step)
+    # gradients stay on the host until the optimizer step
     m.host["grads_fp32"] = FP32 * host_params
-    if spec.name == "superoffload":
-        m.host["exactness"] = ROLLBACK_EXTRA_HOST_BYTES[opts.rollback_mode] * host_params if opts.speculation else 0
-        m.host["slabs"] = 2 * in_flight * bucket * FP32
     return m
+
+
+def engine_memory_input(opts: Options, hw: HardwareProfile, world: int = 1) -> EngineMemoryInput:
+    """The SuperOffload engine config a prediction's options stand for."""
+    return EngineMemoryInput(
+        precision=opts.precision, bucket_size=opts.bucket_size, device_tail_buckets=opts.device_tail_buckets,
+        flow_layers=tuple(opts.flow_layers), flow_prefetch=opts.flow_prefetch, grad_cast=opts.grad_cast,
+        param_cast=opts.param_cast, rollback_mode=opts.rollback_mode, grad_accum=opts.grad_accum, world=world,
+        device_is_host=hw.device_is_host)
 
 
 # ------------------------------------------------------------------------------------------ predict

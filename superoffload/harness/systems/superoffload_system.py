@@ -31,8 +31,8 @@ HARNESS_ONLY_OPTIONS = ("data", "data_dtype", "plan", "hardware", "cast_policy")
 
 def hardware_for_device(device: str) -> str:
     """Planner preset for the device the run will use."""
-    if device == "cpu" or not torch.cuda.is_available():
-        return "cpu"
+    if device in ("cpu", "host", "sim") or not torch.cuda.is_available():
+        return "cpu"  # sim simulates the CUDA code path on this CPU: the CPU's numbers are the ones it runs at
     name = torch.cuda.get_device_name().upper()
     if "GH200" in name:
         return "gh200"

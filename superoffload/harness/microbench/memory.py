@@ -1,0 +1,163 @@
+"""`superoffload bench memory`: the engine's measured memory against the planner's, for one run.
+
+Trains a model for a few steps with the SuperOffload engine (the planner's plan for this machine unless
+`-o plan=false`; `-o KEY=VALUE` overrides engine config keys as in `bench run`), resets the peak after
+warm-up, and reports:
+- device peak bytes, measured (the memory ledger: on `sim` every allocation of the engine and of the
+  model's ops; on CUDA the allocator's peak) and planned (`planner.memory.engine_memory` for the same
+  engine config), with both broken down by category;
+- pinned host bytes, measured (allocated, after any rounding) and needed (what the transfer buffers
+  need), and pageable host bytes, with the planner's numbers beside them.
+
+The JSON (`--json`, one object on stdout, or `--out FILE`) follows
+superoffload/harness/memory_bench.schema.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as _dt
+import json
+import sys
+from typing import Any
+
+from superoffload.harness.models import MODELS
+
+RECORD_KIND = "memory_bench"
+
+
+def _planned(shape: Any, seq: int, batch: int, checkpointing: bool, cfg: Any, world: int,
+             device_is_host: bool) -> Any:
+    from superoffload.planner.memory import EngineMemoryInput, engine_memory
+
+    if shape.learned_positions:  # the harness builds position embeddings for the run's sequence length
+        shape = dataclasses.replace(shape, max_seq=seq)
+    inp = EngineMemoryInput(
+        precision=cfg.precision, bucket_size=cfg.bucket_size, device_tail_buckets=cfg.device_tail_buckets,
+        flow_layers=tuple(cfg.flow_layers), flow_prefetch=cfg.flow_prefetch, grad_cast=cfg.grad_cast,
+        param_cast=cfg.param_cast, rollback_mode=cfg.rollback_mode, amsgrad=cfg.optimizer.amsgrad,
+        grad_accum=cfg.grad_accum, staging_buffers=cfg.staging_buffers, world=world, device_is_host=device_is_host)
+    return engine_memory(shape, seq, batch, checkpointing, inp)
+
+
+def measure(model: str, seq: int, batch: int, *, device: str = "sim", dtype: str = "bf16", grad_accum: int = 1,
+            checkpointing: bool = False, options: dict[str, Any] | None = None, warmup: int = 2,
+            steps: int = 1, seed: int = 0) -> dict[str, Any]:
+    """Run the engine on `model` and return the memory record (see the module doc)."""
+    import superoffload
+    from superoffload.harness import provenance
+    from superoffload.harness.data import SyntheticData
+    from superoffload.harness.models import build_model, get_shape
+    from superoffload.harness.system import RunConfig
+    from superoffload.harness.systems.superoffload_system import engine_config, plan_for
+
+    shape = get_shape(model)
+    run = RunConfig(system="superoffload", model=model, seq=seq, batch=batch, grad_accum=grad_accum,
+                    dtype=dtype, device=device, activation_checkpointing=checkpointing,
+                    system_options=dict(options or {}))
+    plan = plan_for(shape, run)
+    cfg = engine_config(run, plan)
+    engine = superoffload.initialize(build_model(shape, seq=seq, seed=seed, activation_checkpointing=checkpointing),
+                                     cfg)
+    dev = engine.device
+    try:
+        data = SyntheticData(shape.vocab, seq, batch, grad_accum=grad_accum, seed=seed)
+        for i in range(warmup + steps):
+            if i == warmup:
+                engine.synchronize()
+                dev.reset_peak_memory()
+            b = data.batch_at(i)
+            for x, y in zip(b.inputs, b.targets, strict=True):
+                engine.backward(engine(x.to(dev.torch_device), y.to(dev.torch_device)))
+            engine.step()
+        engine.synchronize()
+        rep = dev.memory_report()
+        world = engine.comm.world
+    finally:
+        engine.close()
+    est = _planned(shape, seq, batch, checkpointing, cfg, world, dev.shares_host_memory)
+    planned_pinned = est.pinned_total
+    planned_pageable = sum(v for k, v in est.host.items() if k not in est.pinned_keys)
+    return {
+        "kind": RECORD_KIND, "schema_version": 1,
+        "created_utc": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "model": model, "seq": seq, "batch": batch, "grad_accum": grad_accum, "dtype": dtype,
+        "activation_checkpointing": checkpointing, "device": dev.kind, "world_size": world,
+        "device_peak_bytes": {"measured": int(rep["device_peak_bytes"]), "planned": int(est.device_total)},
+        "pinned_host_bytes": {"measured": int(rep["host_allocated_bytes"]["pinned"]),
+                              "needed": int(rep["host_needed_bytes"]["pinned"]), "planned": int(planned_pinned)},
+        "pageable_host_bytes": {"measured": int(rep["host_needed_bytes"]["pageable"]),
+                                "planned": int(planned_pageable)},
+        "device_by_category": {"measured": {k: int(v) for k, v in rep["device_at_peak"].items()},
+                               "planned": {k: int(v) for k, v in est.device.items()}},
+        "host_by_category": {"measured": {k: int(v) for k, v in rep["host_by_category"].items()},
+                             "planned": {k: int(v) for k, v in est.host.items()}},
+        "config": cfg.to_dict(), "plan": plan.to_dict() if plan is not None else None,
+        "provenance": provenance.collect(dev.name()),
+    }
+
+
+def format_table(rec: dict[str, Any]) -> str:
+    mib = 2**20
+
+    def row(name: str, measured: float, planned: float) -> str:
+        err = f"{planned / measured - 1:+.1%}" if measured else "n/a"
+        return f"{name:<24}{measured / mib:>12.2f}{planned / mib:>12.2f}{err:>9}"
+
+    d, p, g = rec["device_peak_bytes"], rec["pinned_host_bytes"], rec["pageable_host_bytes"]
+    lines = [f"{rec['model']} seq {rec['seq']} batch {rec['batch']} {rec['dtype']} on {rec['device']} (MiB)",
+             f"{'':<24}{'measured':>12}{'planned':>12}{'error':>9}",
+             row("device peak", d["measured"], d["planned"])]
+    m_cat, p_cat = rec["device_by_category"]["measured"], dict(rec["device_by_category"]["planned"])
+    # the ledger counts what the model's ops allocate as one category
+    p_cat["activations"] = p_cat.get("activations", 0) + p_cat.pop("backward_transients", 0)
+    keys = sorted((set(m_cat) | set(p_cat)) - {"reserve"})
+    lines += [row(f"  {k}", m_cat.get(k, 0), p_cat.get(k, 0)) for k in keys]
+    lines += [row("pinned host", p["measured"], p["planned"]),
+              f"  needed by the buffers: {p['needed'] / mib:.2f} MiB (allocated {p['measured'] / mib:.2f})",
+              row("pageable host", g["measured"], g["planned"])]
+    return "\n".join(lines)
+
+
+def add_cli(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("memory", help="the engine's measured device and host memory vs the planner's",
+                       description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True, choices=list(MODELS), metavar="MODEL", help="model from the zoo")
+    p.add_argument("--seq", type=int, required=True, help="sequence length")
+    p.add_argument("--batch", type=int, default=1, help="micro-batch (default 1)")
+    p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per step (default 1)")
+    p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="bf16", help="precision (default bf16)")
+    p.add_argument("--checkpointing", action="store_true", help="activation checkpointing per block")
+    p.add_argument("--device", choices=["auto", "cuda", "host", "sim", "cpu"], default="sim",
+                   help="sim (default: the CUDA code path on a simulated device, every allocation measured), "
+                        "cuda, or host")
+    p.add_argument("--option", "-o", action="append", default=[], metavar="KEY=VALUE",
+                   help="engine config override (JSON value), as in bench run; -o plan=false for engine defaults")
+    p.add_argument("--json", action="store_true", help="print one JSON object to stdout instead of the table")
+    p.add_argument("--out", default=None, help="also write the JSON record to this file (atomically)")
+    p.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    from superoffload.cli.bench_run import _option
+    from superoffload.harness.record import write_result
+
+    if args.seq < 1 or args.batch < 1 or args.grad_accum < 1:
+        print("superoffload bench memory: error: --seq, --batch and --grad-accum must be >= 1", file=sys.stderr)
+        return 2
+    try:
+        opts = dict(_option(o) for o in args.option)
+    except argparse.ArgumentTypeError as e:
+        print(f"superoffload bench memory: error: {e}", file=sys.stderr)
+        return 2
+    try:
+        rec = measure(args.model, args.seq, args.batch, device=args.device, dtype=args.dtype,
+                      grad_accum=args.grad_accum, checkpointing=args.checkpointing, options=opts)
+    except ValueError as e:  # ConfigError included: a bad option or device, before any training
+        print(f"superoffload bench memory: error: {e}", file=sys.stderr)
+        return 2
+    if args.out:
+        write_result(args.out, rec, RECORD_KIND)
+    print(json.dumps(rec) if args.json else format_table(rec))
+    return 0
