@@ -9,12 +9,14 @@ available the buffer falls back to `pin_memory=True` and the ledger records the 
 from __future__ import annotations
 
 import contextlib
+import os
+import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 
-from superoffload.device.base import Device, _nbytes
+from superoffload.device.base import Device
 from superoffload.device.kernels import TorchKernels
 
 
@@ -31,6 +33,10 @@ class CudaDevice(Device):
         super().__init__(torch.device("cuda", idx), hbm_budget_bytes)
         self.kernels = TorchKernels()
         self._registered: dict[int, int] = {}
+        # SUPEROFFLOAD_CUDA_SYNC_DEBUG=warn|error: torch.cuda.set_sync_debug_mode inside the engine's hot
+        # path (backward, step, forward hooks), except the one synchronization validation needs
+        self.sync_debug = os.environ.get("SUPEROFFLOAD_CUDA_SYNC_DEBUG") or None
+        self._hot = threading.local()
 
     def _default_hbm_budget(self) -> int:
         return int(torch.cuda.get_device_properties(self.torch_device).total_memory)
@@ -67,6 +73,35 @@ class CudaDevice(Device):
 
     def synchronize(self) -> None:
         torch.cuda.synchronize(self.torch_device)
+
+    @contextlib.contextmanager
+    def hot_path(self) -> Iterator[None]:
+        if not self.sync_debug:
+            yield
+            return
+        depth = getattr(self._hot, "depth", 0)
+        self._hot.depth = depth + 1
+        old = torch.cuda.get_sync_debug_mode()
+        if depth == 0:
+            torch.cuda.set_sync_debug_mode(self.sync_debug)
+        try:
+            yield
+        finally:
+            self._hot.depth = depth
+            if depth == 0:
+                torch.cuda.set_sync_debug_mode(old)
+
+    @contextlib.contextmanager
+    def allow_sync(self) -> Iterator[None]:
+        if not self.sync_debug:
+            yield
+            return
+        old = torch.cuda.get_sync_debug_mode()
+        torch.cuda.set_sync_debug_mode(0)
+        try:
+            yield
+        finally:
+            torch.cuda.set_sync_debug_mode(old)
 
     # --- memory ------------------------------------------------------------------------------------
     def release_grad(self, grad: torch.Tensor, read_on: Sequence[Any], point: str = "") -> None:
@@ -120,19 +155,4 @@ class CudaDevice(Device):
         return rep
 
 
-def sync_debug_mode(mode: str) -> contextlib.AbstractContextManager[None]:
-    """torch.cuda.set_sync_debug_mode around a block (device checks on a GPU)."""
-
-    @contextlib.contextmanager
-    def _cm() -> Iterator[None]:
-        old = torch.cuda.get_sync_debug_mode()
-        torch.cuda.set_sync_debug_mode(mode)
-        try:
-            yield
-        finally:
-            torch.cuda.set_sync_debug_mode(old)
-
-    return _cm()
-
-
-__all__ = ["CudaDevice", "sync_debug_mode", "_nbytes"]
+__all__ = ["CudaDevice"]

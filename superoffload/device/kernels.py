@@ -64,6 +64,7 @@ class TorchKernels:
         for chunk in flat.split(NORM_CHUNK):
             c = chunk.to(torch.float64)
             out.add_(torch.dot(c, c))
+            del c  # one chunk alive at a time
 
     @staticmethod
     def adam_step(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, *,

@@ -135,6 +135,7 @@ class Bucket:
         self.uploaded.set()
         self._uploads_pending = 0
         self._settle_on_publish = False  # worker thread: this finalize still owes the upload count
+        self._commit_pending: tuple | None = None  # worker thread: a deferred commit pass to run
         self.idle = dev.host_event(f"bucket {layout.index} idle")  # no queued task reads landing/upload
         self.idle.set()
         self._pending = 0
@@ -321,8 +322,10 @@ class Bucket:
                     self._run_kernel(scale, hps, steps, commit=True, out=direct)
                     self._publish(None)
                 else:
-                    self._publish(h.upload)  # weights first: the next forward waits for them, not for the commit
-                    self._run_kernel(scale, hps, steps, commit=True, out=None)
+                    # weights now (the next forward waits for them); the commit pass, which only the next
+                    # step's use of this bucket needs, is queued after every bucket's return (commit_state)
+                    self._publish(h.upload)
+                    self._commit_pending = (scale, hps, steps)
             ctx.counters.add(commit_s=time.perf_counter() - t0)
             return
         # REDO: the state is untouched in both rollback modes; step it now
@@ -337,6 +340,21 @@ class Bucket:
             self._publish(h.upload)
         label = "rollback_s" if speculated else "host_step_s"
         ctx.counters.add(**{label: time.perf_counter() - t0})
+
+    @property
+    def commit_pending(self) -> bool:
+        return self._commit_pending is not None
+
+    def commit_state(self) -> None:
+        """The deferred commit pass of a committed speculation: master, m and v written in place from the
+        same inputs and arithmetic the speculative pass used (so bit-identical to what was published)."""
+        if self._commit_pending is None:
+            return
+        scale, hps, steps = self._commit_pending
+        self._commit_pending = None
+        t0 = time.perf_counter()
+        self._run_kernel(scale, hps, steps, commit=True, out=None)
+        self.ctx.counters.add(commit_s=time.perf_counter() - t0)
 
     def _before_home_write(self) -> None:
         """A flowed bucket's host store may still be read by a fetch in flight."""
@@ -372,7 +390,7 @@ class Bucket:
                 with dev.access(reads=[self.home_shard()], writes=[self.home] if ctx.comm.active else []):
                     self.gather = ctx.comm.all_gather(self.home, self.home_shard(), worker=True)
             dev.record(self.upload_event, stream, "publish: weights written")
-        ctx.counters.add(bytes_h2d=nbytes, upload_s=time.perf_counter() - t0)
+        ctx.counters.add(bytes_h2d=nbytes, h2d_copies=int(nbytes > 0), upload_s=time.perf_counter() - t0)
         if self._settle_on_publish:  # the next forward may use these weights now
             self._settle_on_publish = False
             self._upload_settled()

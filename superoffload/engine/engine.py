@@ -540,9 +540,11 @@ class SuperOffloadEngine:
 
     def _launch(self, b: Bucket) -> None:
         dev, comm = self.device, self.comm
+        t0 = time.perf_counter()
         if dev.enabled("launch: waits for the bucket's host tasks") and not b.idle.is_set():
             self.worker.wait_event(b.idle)  # last step's tasks still read this bucket's landing buffer
-        t0 = time.perf_counter()
+            self.counters.add(launch_wait_s=time.perf_counter() - t0)
+            t0 = time.perf_counter()
         b.mark_present()
         b.launched = True
         grads = [(s, s.param.grad) for s in b.present_slots()]
@@ -598,7 +600,7 @@ class SuperOffloadEngine:
         if slot is not None:
             dev.record(self.ring.free_event[slot], d2h, "launch: staging slot read")
         dev.record(b.d2h_event, d2h, "launch: gradient landed")
-        self.counters.add(bytes_d2h=shard.numel() * shard.element_size())
+        self.counters.add(bytes_d2h=shard.numel() * shard.element_size(), d2h_copies=2)  # the shard and its norm
 
     def _unscale(self) -> float:
         """Factor from the reduced gradient to the true one: 1/loss_scale, and 1/world for a mean."""
@@ -638,14 +640,19 @@ class SuperOffloadEngine:
         self.counters.add(validate_wait_s=time.perf_counter() - t0)
         speculated = any(b.spec.queued for b in self.buckets)
         needs_rollback = skip or coef != 1.0
-        # the next forward needs the last-arriving buckets (first layers) first: finalize those first
-        for b in reversed([b for b in self.buckets if b.host is not None]):
+        # two phases on the worker: first every bucket's weights, in the order the next forward needs them
+        # (the last-arriving buckets, i.e. the first layers, first); then the deferred commit passes in the
+        # order the next backward needs their landing buffers back (the first-arriving bucket first)
+        host = [b for b in self.buckets if b.host is not None]
+        for b in reversed(host):
             kind = self._decide(b.spec, skip, finite, scale, hps)
             if kind is not Finalize.NOTHING:
                 b.expect_upload()
             steps, spec = b.steps_snapshot(self.steps), b.spec.queued
             b.submit(lambda b=b, kind=kind, steps=steps, spec=spec: b.finalize(kind, scale, hps, steps, spec),
                      kind.value)
+        for b in host:
+            b.submit(b.commit_state, "commit pass")
         if not skip:
             self._step_device_buckets(scale, hps)
             for b in self.buckets:

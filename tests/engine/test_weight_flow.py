@@ -305,7 +305,7 @@ def test_flow_on_cuda_is_bit_identical_pinned_and_frees_hbm(ac):
     assert losses == ref_losses
     assert_state_equal(flow.state_dict(), ref.state_dict())
     st = flow.stats["weight_flow"]
-    assert all(s.is_pinned() for b in flow.flow.blocks.values() for s in b.stores)
+    assert all(st.host.is_pinned() for b in flow.flow.blocks.values() for st in b.stores)
     assert all(released(flow, i) for i in layers)
     assert ref_bytes - flow_bytes >= st["bytes"]  # between steps no flowed weight occupies HBM
     assert st["h2d_bytes_last_step"] == 2 * st["bytes"] and st["peak_resident_blocks"] <= 4
