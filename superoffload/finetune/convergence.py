@@ -194,7 +194,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=DEFAULTS["steps"], help=f"steps (default {DEFAULTS['steps']})")
     p.add_argument("--tolerance", type=float, default=5e-3,
                    help="maximum relative loss difference accepted (default 5e-3)")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's default)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads (default 1: with 2 threads on a shared 2-core machine, torch's OpenMP "
+                        "barriers stalled one 300-step run for minutes; the check is about numbers, not speed)")
     a = p.parse_args(argv)
     if a.steps < 1:
         print("convergence: error: --steps must be >= 1", file=sys.stderr)

@@ -28,7 +28,8 @@ class Progress:
         if enabled and use_bar:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total, initial=start, unit="step", file=self.stream, dynamic_ncols=True)
+            self.bar = tqdm(total=total, initial=start, unit="step", file=self.stream, dynamic_ncols=True,
+                            bar_format="{l_bar}{bar:20}{r_bar}")  # a short bar leaves room for the numbers
 
     def throughput(self) -> tuple[float, float, float] | None:
         """(tokens/s, model TFLOPS, MFU) of the current window, or None before the first timed step."""
@@ -47,11 +48,12 @@ class Progress:
             self.window_steps += 1
         tp = self.throughput()
         if self.bar is not None:
-            post = {"loss": f"{loss:.4f}", "lr": f"{lr:.2e}"}
+            post = {"loss": f"{loss:.4f}"}
             if tp is None:
                 post["tok/s"] = "warm-up"
             else:
                 post.update({"tok/s": f"{tp[0]:.0f}", "TFLOPS": f"{tp[1]:.3g}", "MFU": f"{100 * tp[2]:.1f}%"})
+            post["lr"] = f"{lr:.2e}"
             self.bar.set_postfix(post, refresh=False)
             self.bar.update(1)
             if step % self.log_every == 0:

@@ -19,7 +19,7 @@ def test_corpus_comes_from_this_interpreters_stdlib(tmp_path):
 
 def test_short_check_writes_a_valid_result(tmp_path, capsys):
     out = tmp_path / "convergence.json"
-    assert C.main(["--out", str(out), "--steps", "20", "--threads", "2"]) == 0
+    assert C.main(["--out", str(out), "--steps", "20"]) == 0
     res = record.read_result(out, "convergence")
     assert len(res["curves"]["superoffload"]) == len(res["curves"]["torch"]) == 20
     assert res["comparison"]["max_rel_diff"] < 1e-3
@@ -31,7 +31,7 @@ def test_short_check_writes_a_valid_result(tmp_path, capsys):
 @pytest.mark.slow
 def test_full_check_curves_coincide(tmp_path):
     out = tmp_path / "convergence.json"
-    assert C.main(["--out", str(out), "--threads", "2"]) == 0
+    assert C.main(["--out", str(out)]) == 0
     res = json.loads(out.read_text())
     assert res["settings"]["steps"] == 300 and res["comparison"]["within_tolerance"]
     assert res["curves"]["torch"][-1] < 0.5 * res["curves"]["torch"][0]

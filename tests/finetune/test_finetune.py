@@ -43,7 +43,7 @@ def test_loss_falls_and_record_follows_the_schema(tiny, tmp_path, capsys):
     rec = record.read_result(out / "record.json", "run")
     assert rec["status"] == "ok" and len(rec["losses"]) == 24
     first, last = rec["losses"][0], sum(rec["losses"][-4:]) / 4
-    assert last < 0.6 * first, rec["losses"]
+    assert last < 0.7 * first, rec["losses"]  # 6.0 -> about 3.4 in 24 steps
     assert rec["throughput"]["mfu"] > 0 and rec["plan"]["model"] == "model"
     assert rec["run"]["dtype"] == "bf16" and rec["run"]["activation_checkpointing"] is True
     ft = rec["system_stats"]["finetune"]
