@@ -1,5 +1,5 @@
 # SuperOffload benchmark workflow (Snakemake 9). Targets: all (default), figures, ablation, nightly,
-# calibrate, report. See docs/workflow.md.
+# calibrate, report, convergence. See docs/workflow.md.
 from snakemake.utils import min_version
 
 min_version("9.0")
@@ -19,6 +19,7 @@ include: "workflows/rules/predict.smk"
 include: "workflows/rules/ablation.smk"
 include: "workflows/rules/report.smk"
 include: "workflows/rules/nightly.smk"
+include: "workflows/rules/convergence.smk"
 
 
 # Aggregation, predictions and rendering never go to a cluster scheduler.
@@ -37,6 +38,7 @@ localrules:
     render_figures,
     render_report,
     nightly_compare,
+    convergence,
 
 
 rule all:
@@ -70,6 +72,12 @@ rule report:
 rule nightly:
     input:
         NIGHTLY_TARGET,
+
+
+rule convergence:
+    input:
+        CONVERGENCE_FILE,
+        CONVERGENCE_FIGURE,
 
 
 onstart:

@@ -169,7 +169,8 @@ def build_context(results: dict, figure_files: dict[str, Path]) -> dict[str, Any
             if path and path.exists()
             else None
         )
-        figs.append({"name": name, "caption": caption, "uri": uri})
+        measured = F.CAPTIONS[name](results) if name in F.CAPTIONS else ""
+        figs.append({"name": name, "caption": f"{caption} {measured}".strip(), "uri": uri})
     pc = results["paper_comparison"]
     pc_rows = (pc.get("data") or {}).get("rows") or []
     hw = sweep.get("hardware") or {}
@@ -269,6 +270,10 @@ def main(argv: list[str] | None = None) -> int:
     f = sub.add_parser("figures", help="write every figure as SVG")
     f.add_argument("--results", required=True)
     f.add_argument("--out", required=True)
+    one = sub.add_parser("figure", help="write one figure as SVG")
+    one.add_argument("name", choices=sorted(F.FIGURES))
+    one.add_argument("--results", required=True)
+    one.add_argument("--out", required=True, help="the SVG file to write")
     h = sub.add_parser("html", help="render the HTML report (embeds the SVGs of --figures)")
     h.add_argument("--results", required=True)
     h.add_argument("--figures", required=True)
@@ -277,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.cmd == "figures":
         paths = F.render_all(D.load_results(a.results), a.out)
         print(f"wrote {len(paths)} figures to {a.out}")
+    elif a.cmd == "figure":
+        print(f"wrote {F.render_one(D.load_results(a.results), a.name, a.out)}")
     else:
         print(f"wrote {render_html(a.results, a.figures, a.out)}")
     return 0

@@ -4,7 +4,8 @@
   predicted / paper);
 - ``ablation``: the ablation runs;
 - ``microbench``: the `bench adam` and `bench cast` files and the link curves;
-- ``telemetry``: utilization timelines and rollback counters of the records.
+- ``telemetry``: utilization timelines and rollback counters of the records;
+- ``convergence``: the convergence check's loss curves (engine vs torch).
 
 Every figure function takes the loaded results (reports.data.load_results) and returns a Figure; each
 renders something when its data is missing (an empty-state text saying what is absent and why). SVGs are
@@ -24,11 +25,14 @@ import matplotlib
 from reports import data as D
 from reports.figures.ablation import ablation
 from reports.figures.common import RC, empty, new_fig, params_of, plt
+from reports.figures.convergence import caption as convergence_caption
+from reports.figures.convergence import convergence
 from reports.figures.microbench import adam_points, adam_rows, cast, cast_series, graceadam, link_bandwidth
 from reports.figures.sweep import largest_model, mfu_vs_seq, paper_comparison, throughput_vs_size
 from reports.figures.telemetry import gpu_timeline, rollbacks
 
-__all__ = ["FIGURES", "adam_points", "adam_rows", "cast_series", "params_of", "render_all", "svg_bytes"]
+__all__ = ["CAPTIONS", "FIGURES", "adam_points", "adam_rows", "cast_series", "params_of", "render_all", "render_one",
+           "svg_bytes"]
 
 FIGURES: dict[str, tuple[Callable[[dict], plt.Figure], str]] = {
     "throughput_vs_size": (
@@ -54,7 +58,14 @@ FIGURES: dict[str, tuple[Callable[[dict], plt.Figure], str]] = {
     "gpu_timeline": (gpu_timeline, "Utilization timeline from the records' telemetry."),
     "rollbacks": (rollbacks, "Speculation rollback counters from the records."),
     "paper_comparison": (paper_comparison, "Cost-model predictions divided by the paper's values."),
+    "convergence": (
+        convergence,
+        "Convergence check: loss per step of the engine (speculation on, clipping at 1.0) and of plain torch "
+        "AdamW on the same byte-tokenized text, and their difference (docs/finetune.md).",
+    ),
 }
+# Figures whose caption ends with a sentence measured from the results: name -> fn(results) -> str
+CAPTIONS: dict[str, Callable[[dict], str]] = {"convergence": convergence_caption}
 
 
 def svg_bytes(fig: plt.Figure) -> bytes:
@@ -64,19 +75,33 @@ def svg_bytes(fig: plt.Figure) -> bytes:
     return buf.getvalue()
 
 
+def _draw(name: str, results: dict) -> plt.Figure:
+    """Figure ``name``; one that raises becomes an empty-state figure saying so."""
+    try:
+        return FIGURES[name][0](results)
+    except Exception as e:  # noqa: BLE001 - one bad figure must not sink the report
+        fig, (ax,) = new_fig()
+        empty(ax, f"{name}: could not draw ({type(e).__name__}: {D.first_line(str(e), 80)})")
+        return fig
+
+
 def render_all(results: dict, out_dir: str | Path) -> dict[str, Path]:
     """Write every figure as <name>.svg; a figure that raises becomes an empty-state figure saying so."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {}
     with matplotlib.rc_context(RC):
-        for name, (fn, _) in FIGURES.items():
-            try:
-                fig = fn(results)
-            except Exception as e:  # noqa: BLE001 - one bad figure must not sink the report
-                fig, (ax,) = new_fig()
-                empty(ax, f"{name}: could not draw ({type(e).__name__}: {D.first_line(str(e), 80)})")
+        for name in FIGURES:
             path = out / f"{name}.svg"
-            path.write_bytes(svg_bytes(fig))
+            path.write_bytes(svg_bytes(_draw(name, results)))
             paths[name] = path
     return paths
+
+
+def render_one(results: dict, name: str, out: str | Path) -> Path:
+    """Write figure ``name`` as the SVG file ``out``."""
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with matplotlib.rc_context(RC):
+        path.write_bytes(svg_bytes(_draw(name, results)))
+    return path

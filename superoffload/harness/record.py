@@ -10,6 +10,7 @@ the fields a schema defines and a file that does not follow it is reported as su
 | ``adam_bench`` | ``superoffload bench adam`` | ``adam_bench.schema.json`` |
 | ``cast_bench`` | ``superoffload bench cast`` | ``cast_bench.schema.json`` |
 | ``memory_bench`` | ``superoffload bench memory`` | ``memory_bench.schema.json`` |
+| ``convergence`` | ``python -m superoffload.finetune.convergence`` | ``convergence.schema.json`` |
 
 Reports and regression checks read only these files (docs/measurement.md).
 """
@@ -27,7 +28,8 @@ from typing import Any
 import jsonschema
 
 SCHEMA_FILES = {"run": "record.schema.json", "adam_bench": "adam_bench.schema.json",
-                "cast_bench": "cast_bench.schema.json", "memory_bench": "memory_bench.schema.json"}
+                "cast_bench": "cast_bench.schema.json", "memory_bench": "memory_bench.schema.json",
+                "convergence": "convergence.schema.json"}
 SCHEMA_PATH = Path(__file__).with_name(SCHEMA_FILES["run"])
 
 

@@ -1,0 +1,469 @@
+"""The fine-tuning loop: validate and load everything, plan, train with the engine, checkpoint, record.
+
+``prepare(FinetuneConfig)`` does every check and every load (model, tokenizer, data, plan, engine config,
+checkpoint to resume) and raises ``FinetuneInputError`` on bad input, before any training step.
+``train(prepared)`` runs the steps and returns the run record. ``run_finetune`` is both.
+
+The loss of a step is the mean cross-entropy over the step's learned tokens (all micro-batches
+together): each micro-batch contributes ``sum of its token losses / learned tokens of the step``, so
+gradient accumulation gives the same gradient as one large batch, whatever the padding or prompt masking
+of each micro-batch (the normalization Hugging Face's Trainer adopted in 2024:
+https://huggingface.co/blog/gradient_accumulation). ``engine.backward`` divides by ``grad_accum``
+itself, so the loop hands it ``grad_accum`` times that.
+
+Ranks: the loop reads ``RANK`` / ``WORLD_SIZE`` (torchrun), gives each rank its own rows and lets only
+rank 0 print and write files. The engine is single-process today (no gradient reduction between
+ranks), so ``prepare`` refuses ``WORLD_SIZE`` > 1 rather than train diverging replicas; the refusal is
+the one line to remove once the engine reduces gradients across ranks (the learned-token count of a step
+must then be summed over ranks too).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import sys
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import torch
+import torch.nn.functional as F
+
+from superoffload.finetune import checkpoint as ckpt
+from superoffload.finetune.data import IGNORE, Rows, TrainData, check_data_path, load_rows
+from superoffload.finetune.errors import FinetuneInputError
+from superoffload.finetune.model import LoadedModel, load_model, restore_buffer_dtypes, snapshot_buffers
+from superoffload.finetune.progress import Progress
+from superoffload.finetune.runrecord import finish_record, new_record, resolve_peak
+from superoffload.finetune.schedule import WarmupCosine, make_scheduler, warmup_steps
+from superoffload.harness.models import MODELS
+from superoffload.harness.system import RunConfig
+from superoffload.options import torch_dtype
+
+DEFAULT_MAX_LENGTH = 2048
+DTYPES = ("fp32", "bf16", "fp16")
+# settings a resumed run must share with the checkpoint to continue bit-exactly
+RESUME_KEYS = ("model", "data_sha256", "max_length", "pad", "batch", "grad_accum", "steps", "lr", "warmup",
+               "min_lr_ratio", "seed", "dtype", "optimizer", "grad_clip", "activation_checkpointing")
+
+
+@dataclass
+class FinetuneConfig:
+    """Everything `superoffload finetune` takes (the CLI's flags, same names)."""
+
+    model: str
+    data: str
+    steps: int
+    out: str
+    config: str | dict[str, Any] | None = None  # engine config overrides: a JSON/YAML path or a dict
+    max_length: int | None = None  # default: min(2048, the model's max positions)
+    pad: bool = False  # one example per row, padded (default: packing)
+    batch: int = 4  # micro-batch, rows per rank
+    grad_accum: int = 1
+    lr: float = 1e-5
+    warmup_ratio: float = 0.05
+    warmup_steps: int | None = None  # overrides warmup_ratio
+    min_lr_ratio: float = 0.0
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+    dtype: str = "bf16"
+    save_dtype: str = "auto"  # auto: the dtype the model was stored in, else dtype
+    activation_checkpointing: bool = True
+    seed: int = 42
+    save_every: int = 0  # 0: checkpoint only at the end (and at --stop-after)
+    keep_checkpoints: int = 2
+    resume: bool = False
+    stop_after: int | None = None  # stop (checkpointed) after this step, as a pre-emption would
+    log_every: int = 10
+    timing_warmup: int = 2  # first steps of the process excluded from throughput
+    device: str = "auto"
+    threads: int | None = None
+    hardware: str | None = None  # planner profile: preset name or calibrate JSON (default: from the device)
+    plan: bool = True
+    peak_flops: float | None = None
+    data_dtype: str = "uint16"
+    progress: bool = True
+    print_plan: bool = True
+
+
+@dataclass
+class Prepared:
+    cfg: FinetuneConfig
+    loaded: LoadedModel
+    rows: Rows
+    run: RunConfig
+    plan: Any
+    engine_config: Any  # SuperOffloadConfig
+    overrides: dict[str, Any]
+    max_length: int
+    warmup: int
+    settings: dict[str, Any]
+    resume_from: Path | None = None
+    rank: int = 0
+    world: int = 1
+    notes: list[str] = field(default_factory=list)
+
+
+def dist_env() -> tuple[int, int]:
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+# ================================================================================================ checks
+def _check_scalars(c: FinetuneConfig) -> None:
+    def need(ok: bool, msg: str) -> None:
+        if not ok:
+            raise FinetuneInputError(msg)
+
+    need(isinstance(c.steps, int) and c.steps >= 1, f"--steps must be a positive integer, got {c.steps}")
+    need(c.batch >= 1, f"--batch must be >= 1, got {c.batch}")
+    need(c.grad_accum >= 1, f"--grad-accum must be >= 1, got {c.grad_accum}")
+    need(c.max_length is None or c.max_length >= 2, f"--max-length must be >= 2, got {c.max_length}")
+    need(c.lr > 0, f"--lr must be > 0, got {c.lr}")
+    need(0 <= c.warmup_ratio < 1, f"--warmup-ratio must be in [0, 1), got {c.warmup_ratio}")
+    need(c.warmup_steps is None or 0 <= c.warmup_steps <= c.steps,
+         f"--warmup-steps must be in [0, --steps], got {c.warmup_steps}")
+    need(0 <= c.min_lr_ratio <= 1, f"--min-lr-ratio must be in [0, 1], got {c.min_lr_ratio}")
+    need(c.weight_decay >= 0, f"--weight-decay must be >= 0, got {c.weight_decay}")
+    need(c.grad_clip >= 0, f"--grad-clip must be >= 0 (0 disables clipping), got {c.grad_clip}")
+    need(c.dtype in DTYPES, f"--dtype must be one of {', '.join(DTYPES)}, got {c.dtype!r}")
+    need(c.save_dtype in ("auto", *DTYPES), f"--save-dtype must be auto or one of {', '.join(DTYPES)}, "
+         f"got {c.save_dtype!r}")
+    need(c.save_every >= 0, f"--save-every must be >= 0 (0: only at the end), got {c.save_every}")
+    need(c.keep_checkpoints >= 1, f"--keep-checkpoints must be >= 1, got {c.keep_checkpoints}")
+    need(c.stop_after is None or 1 <= c.stop_after <= c.steps,
+         f"--stop-after must be in [1, --steps={c.steps}], got {c.stop_after}")
+    need(c.log_every >= 1, f"--log-every must be >= 1, got {c.log_every}")
+    need(c.timing_warmup >= 0, f"--timing-warmup must be >= 0, got {c.timing_warmup}")
+    need(c.threads is None or c.threads >= 1, f"--threads must be >= 1, got {c.threads}")
+    need(c.device in ("auto", "cuda", "cpu"), f"--device must be auto, cuda or cpu, got {c.device!r}")
+    need(c.device != "cuda" or torch.cuda.is_available(), "--device cuda requested but no CUDA device is available")
+    need(c.peak_flops is None or c.peak_flops > 0, f"--peak-flops must be > 0, got {c.peak_flops}")
+
+
+def _check_model_spec(spec: str) -> None:
+    """Cheap: before anything is loaded."""
+    p = Path(spec)
+    if p.is_dir() or spec in MODELS:
+        return
+    raise FinetuneInputError(f"--model {spec!r} is neither a local model directory nor a zoo model; nothing is "
+                             f"downloaded (save the model with save_pretrained into a local directory first, or "
+                             f"use a zoo name such as gpt-tiny, gpt-small, llama-tiny)")
+
+
+def _load_overrides(config: str | dict[str, Any] | None) -> dict[str, Any]:
+    """Engine config keys from a JSON or YAML file (or a dict), to merge over the planned config."""
+    if config is None:
+        return {}
+    if isinstance(config, dict):
+        return copy.deepcopy(config)
+    path = Path(config)
+    if not path.is_file():
+        raise FinetuneInputError(f"--config {config!r} does not exist")
+    try:
+        if path.suffix in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(path.read_text())
+        else:
+            data = json.loads(path.read_text())
+    except Exception as e:  # noqa: BLE001 - any parse error is bad input
+        raise FinetuneInputError(f"--config {config}: cannot parse ({type(e).__name__}: "
+                                 f"{' '.join(str(e).split())[:200]})") from None
+    if not isinstance(data, dict):
+        raise FinetuneInputError(f"--config {config}: expected a mapping of engine config keys at the top level")
+    return data
+
+
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _resolve_save_dtype(c: FinetuneConfig, loaded: LoadedModel, precision: str) -> str:
+    if c.save_dtype != "auto":
+        return c.save_dtype
+    return loaded.source_dtype if loaded.source_dtype in DTYPES else precision
+
+
+# ================================================================================================ prepare
+def prepare(c: FinetuneConfig) -> Prepared:
+    """Check and load everything; FinetuneInputError (one line) on bad input. Nothing trains here."""
+    from superoffload.engine import ConfigError, SuperOffloadConfig
+    from superoffload.harness.systems.superoffload_system import engine_config, plan_for
+
+    rank, world = dist_env()
+    _check_scalars(c)
+    if world > 1:
+        raise FinetuneInputError(f"WORLD_SIZE={world}: the engine trains one process (it does not reduce "
+                                 f"gradients across ranks yet); run finetune without torchrun")
+    check_data_path(c.data)
+    _check_model_spec(c.model)
+    out = Path(c.out)
+    if out.exists() and not out.is_dir():
+        raise FinetuneInputError(f"--out {c.out!r} exists and is not a directory")
+    resume_from = ckpt.latest_checkpoint(out)
+    if c.resume and resume_from is None:
+        raise FinetuneInputError(f"--resume: {c.out} holds no complete checkpoint "
+                                 f"({ckpt.CHECKPOINTS}/{ckpt.LATEST} is missing)")
+    if not c.resume and resume_from is not None:
+        raise FinetuneInputError(f"{c.out} already holds checkpoints of a run (latest {resume_from.name}); pass "
+                                 f"--resume to continue it, or choose another --out")
+    overrides = _load_overrides(c.config)
+    if c.threads:
+        torch.set_num_threads(c.threads)
+
+    loaded = load_model(c.model, seed=c.seed, activation_checkpointing=c.activation_checkpointing)
+    shape = loaded.shape
+    if c.max_length is not None and c.max_length > loaded.max_positions:
+        raise FinetuneInputError(f"--max-length {c.max_length} exceeds the model's max positions "
+                                 f"{loaded.max_positions}")
+    max_length = c.max_length or min(DEFAULT_MAX_LENGTH, loaded.max_positions)
+    if loaded.tokenizer.vocab_size > shape.vocab:
+        raise FinetuneInputError(f"the tokenizer ({loaded.tokenizer.name}) has {loaded.tokenizer.vocab_size} ids, "
+                                 f"more than the model's vocabulary of {shape.vocab}")
+
+    options: dict[str, Any] = {}
+    if c.hardware:
+        options["hardware"] = c.hardware
+    if not c.plan:
+        options["plan"] = False
+    run = RunConfig(system="superoffload", model=shape.name, seq=max_length, batch=c.batch,
+                    grad_accum=c.grad_accum, steps=c.steps, warmup=0, dtype=c.dtype, seed=c.seed, lr=c.lr,
+                    betas=tuple(c.betas), eps=c.eps, weight_decay=c.weight_decay, grad_clip=c.grad_clip,
+                    activation_checkpointing=c.activation_checkpointing, threads=c.threads, device=c.device,
+                    world_size=world, system_options=options, peak_flops=c.peak_flops)
+    try:
+        plan = plan_for(shape, run)
+        merged = deep_merge(engine_config(run, plan).to_dict(), overrides)
+        eng_cfg = SuperOffloadConfig.from_any(merged)
+    except (ConfigError, ValueError) as e:
+        raise FinetuneInputError(f"engine config: {' '.join(str(e).split())}") from None
+    # the engine config is the truth for what the file may override
+    run.grad_accum, run.dtype, run.grad_clip = eng_cfg.grad_accum, eng_cfg.precision, eng_cfg.grad_clip
+    run.lr, run.weight_decay = eng_cfg.optimizer.lr, eng_cfg.optimizer.weight_decay
+    run.betas, run.eps = tuple(eng_cfg.optimizer.betas), eng_cfg.optimizer.eps
+    if overrides:
+        run.system_options = {**options, "config": overrides}
+
+    rows = load_rows(c.data, loaded.tokenizer, max_length=max_length, pad=c.pad, seed=c.seed, vocab=shape.vocab,
+                     data_dtype=c.data_dtype)
+    warm = warmup_steps(c.steps, c.warmup_ratio, c.warmup_steps)
+    settings = {"model": c.model, "data_sha256": rows.info["sha256"], "max_length": max_length, "pad": c.pad,
+                "batch": c.batch, "grad_accum": eng_cfg.grad_accum, "steps": c.steps, "lr": eng_cfg.optimizer.lr,
+                "warmup": warm, "min_lr_ratio": c.min_lr_ratio, "seed": c.seed, "dtype": eng_cfg.precision,
+                "optimizer": {k: (list(v) if isinstance(v, tuple) else v)
+                              for k, v in asdict(eng_cfg.optimizer).items()},
+                "grad_clip": eng_cfg.grad_clip, "activation_checkpointing": c.activation_checkpointing,
+                "engine_config": eng_cfg.to_dict()}
+    prep = Prepared(cfg=c, loaded=loaded, rows=rows, run=run, plan=plan, engine_config=eng_cfg,
+                    overrides=overrides, max_length=max_length, warmup=warm, settings=settings,
+                    resume_from=resume_from if c.resume else None, rank=rank, world=world)
+    if prep.resume_from is not None:
+        _check_resume(prep)
+    return prep
+
+
+def _check_resume(prep: Prepared) -> None:
+    trainer = torch.load(prep.resume_from / ckpt.TRAINER_FILE, map_location="cpu", weights_only=True)
+    saved = trainer.get("settings", {})
+    for key in RESUME_KEYS:
+        if saved.get(key) != prep.settings.get(key):
+            raise FinetuneInputError(f"--resume: {key} is {prep.settings.get(key)!r} but the checkpoint "
+                                     f"{prep.resume_from.name} was written with {saved.get(key)!r}; resume with "
+                                     f"the same settings")
+    if trainer["step"] >= prep.cfg.steps:
+        raise FinetuneInputError(f"--resume: the checkpoint is at step {trainer['step']}, the run has "
+                                 f"--steps {prep.cfg.steps}: nothing left to train")
+    if saved.get("engine_config") != prep.settings["engine_config"]:
+        prep.notes.append("note: the engine config differs from the checkpoint's (another plan or --config); "
+                          "training continues correctly but not bit-identically to an uninterrupted run")
+
+
+# ================================================================================================ train
+def step_loss_parts(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Sum of the next-token cross-entropies (fp32) over the learned positions of a micro-batch."""
+    pred = logits[:, :-1].float()
+    target = labels[:, 1:].to(pred.device)
+    return F.cross_entropy(pred.reshape(-1, pred.shape[-1]), target.reshape(-1), ignore_index=IGNORE,
+                           reduction="sum")
+
+
+def learned_tokens(batches: list[tuple[torch.Tensor, torch.Tensor]]) -> int:
+    return sum(int((y[:, 1:] != IGNORE).sum()) for _, y in batches)
+
+
+def _trainer_state(prep: Prepared, step: int, sched: Any, losses: list[float], module: torch.nn.Module,
+                   ) -> dict[str, Any]:
+    return {"version": 1, "step": step, "scheduler": sched.state_dict(), "rng": ckpt.rng_state(),
+            "losses": list(losses), "settings": prep.settings, "data": {"next_step": step,
+                                                                        "sha256": prep.rows.info["sha256"]},
+            "buffers": ckpt.model_buffers(module)}
+
+
+def train(prep: Prepared, *, stdout: TextIO | None = None, stderr: TextIO | None = None) -> dict[str, Any]:
+    """Run the steps; return the run record (written to ``DIR/record.json`` by rank 0). A failure during
+    training becomes a record with status "error" / "oom", as in the runner."""
+    from superoffload.engine import initialize
+    from superoffload.harness.telemetry import Telemetry
+    from superoffload.planner.explain import format_plan
+
+    c, loaded, run = prep.cfg, prep.loaded, prep.run
+    stdout, stderr = stdout or sys.stdout, stderr or sys.stderr
+    main = prep.rank == 0
+    out = Path(c.out)
+    eng_cfg = prep.engine_config
+    ga = eng_cfg.grad_accum
+    data = TrainData(prep.rows, c.batch, ga, c.seed, prep.rank, prep.world)
+    if main:
+        out.mkdir(parents=True, exist_ok=True)
+        if c.print_plan:
+            text = format_plan(prep.plan, loaded.shape) if prep.plan is not None else "Plan: off (--no-plan)"
+            print(text, file=stdout)
+            print(f"engine config: bucket_size {eng_cfg.bucket_size}, device_tail_buckets "
+                  f"{eng_cfg.device_tail_buckets}, speculation {str(eng_cfg.speculation).lower()}, rollback_mode "
+                  f"{eng_cfg.rollback_mode}, precision {eng_cfg.precision}, grad_accum {ga}, grad_clip "
+                  f"{eng_cfg.grad_clip}" + (f" (--config overrides: {', '.join(sorted(prep.overrides))})"
+                                            if prep.overrides else ""), file=stdout, flush=True)
+        for note in prep.notes:
+            print(note, file=stderr)
+
+    buffers = snapshot_buffers(loaded.module)
+    engine = initialize(loaded.module, eng_cfg)
+    restore_buffer_dtypes(engine.model, buffers)  # e.g. RoPE inv_freq stays fp32, as from_pretrained keeps it
+    del buffers
+    device = engine.device
+    dtype = torch_dtype(eng_cfg.precision)
+    rec = new_record(run, loaded.shape, loaded.params, prep.rank, device.name())
+    schedule = WarmupCosine(total=c.steps, warmup=prep.warmup, floor=c.min_lr_ratio)
+    sched = make_scheduler(engine.optimizer, schedule)
+    losses: list[float] = []
+    start = 0
+    if prep.resume_from is not None:
+        engine_state, trainer = ckpt.load_checkpoint(prep.resume_from)
+        engine.load_state_dict(engine_state)
+        del engine_state
+        sched.load_state_dict(trainer["scheduler"])
+        ckpt.load_model_buffers(engine.model, trainer["buffers"])
+        ckpt.set_rng_state(trainer["rng"])
+        losses, start = list(trainer["losses"]), int(trainer["step"])
+    end = c.stop_after or c.steps
+    ran = end - start
+    warm = min(c.timing_warmup, max(0, ran - 1))
+    run.warmup, run.steps = warm, c.steps - warm
+    rec["run"].update(warmup=warm, steps=c.steps - warm)
+    peak = None
+    try:
+        peak = resolve_peak(device.torch_device, dtype, c.peak_flops)
+    except ValueError as e:  # a GPU without a table entry: no MFU, say so once
+        if main:
+            print(f"note: {e}; MFU is not reported", file=stderr)
+    from superoffload.harness.flops import model_flops_per_token
+
+    tokens_per_step = c.batch * ga * prep.max_length
+    progress = Progress(total=c.steps, start=start, tokens_per_step=tokens_per_step,
+                        flops_per_token=model_flops_per_token(loaded.shape, prep.max_length),
+                        peak_flops=peak[0] if peak else float("inf"), warmup=warm, log_every=c.log_every,
+                        enabled=main and c.progress, stream=stderr)
+    if start and main:
+        progress.message(f"resumed from {prep.resume_from} at step {start}")
+    telemetry = Telemetry(0.1, want_gpu=device.is_cuda)
+    times: list[float] = []
+    step = start
+    try:
+        device.reset_peak_memory()
+        telemetry.start()
+        dev = device.torch_device
+        for step in range(start, end):
+            batches = data.step_batches(step)
+            total = max(1, learned_tokens(batches))
+            lr = engine.optimizer.param_groups[0]["lr"]
+            device.synchronize()
+            t0 = time.perf_counter()
+            acc = torch.zeros((), dtype=torch.float64, device=dev)
+            for x, y in batches:
+                x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
+                s = step_loss_parts(loaded.logits(engine, x), y)
+                engine.backward(s * (ga / total))
+                acc += s.detach().double()
+            engine.step()
+            sched.step()
+            loss = float(acc) / total
+            device.synchronize()
+            times.append(time.perf_counter() - t0)
+            telemetry.mark_step(step)
+            losses.append(loss)
+            progress.update(step + 1, loss, lr, times[-1])
+            done = step + 1
+            if done != end and c.save_every and done % c.save_every == 0:
+                _checkpoint(prep, engine, sched, losses, done, main)
+        step = end
+        _checkpoint(prep, engine, sched, losses, end, main)
+        final_dir = None
+        if end == c.steps and main:
+            save_dtype = _resolve_save_dtype(c, loaded, eng_cfg.precision)
+            final_dir = ckpt.save_final(loaded, engine.state_dict(), out, torch_dtype(save_dtype), save_dtype)
+            progress.message(f"saved {final_dir} ({save_dtype} weights and the tokenizer)")
+        rec["system_stats"] = engine.stats
+    except Exception as e:  # noqa: BLE001 - a failure during training is a record, as in the runner
+        rec["status"] = "oom" if device.is_oom(e) else "error"
+        rec["error"] = f"{type(e).__name__}: {e}\n" + "".join(traceback.format_exc(limit=8))[-4000:]
+        final_dir = None
+        if main:
+            print(f"superoffload finetune: training failed at step {step + 1}: {type(e).__name__}: {e}",
+                  file=stderr)
+    finally:
+        telemetry.stop()
+        progress.close()
+        engine.close()
+    rec["telemetry"] = telemetry.summary(timed_from_step=start + warm)
+    stats = rec["system_stats"] or {}
+    stats["plan"] = prep.plan.to_dict() if prep.plan is not None else None
+    stats["finetune"] = _finetune_block(prep, schedule, start, end, final_dir)
+    rec["system_stats"] = stats
+    rec["rollbacks"] = stats.get("speculation")
+    rec["plan"] = stats["plan"]
+    finish_record(rec, run=run, shape=loaded.shape, losses=losses, times=times, warmup=warm, peak_flops=peak,
+                  peak_device_bytes=device.peak_memory_bytes())
+    if main:
+        from superoffload.harness.record import write_record
+
+        write_record(out / "record.json", rec)
+    return rec
+
+
+def _checkpoint(prep: Prepared, engine: Any, sched: Any, losses: list[float], step: int, main: bool) -> None:
+    state = engine.state_dict()  # synchronizes the engine's host tasks first
+    if main:
+        ckpt.save_checkpoint(prep.cfg.out, step, state, _trainer_state(prep, step, sched, losses, engine.model),
+                             keep=prep.cfg.keep_checkpoints)
+
+
+def _finetune_block(prep: Prepared, schedule: WarmupCosine, start: int, end: int,
+                    final_dir: Path | None) -> dict[str, Any]:
+    c, loaded = prep.cfg, prep.loaded
+    return {
+        "model_source": loaded.source, "model_kind": loaded.kind, "source_dtype": loaded.source_dtype,
+        "shape_params": loaded.shape.total_params(), "tokenizer": loaded.tokenizer.name,
+        "tokenizer_vocab": loaded.tokenizer.vocab_size, "data": dict(prep.rows.info),
+        "max_length": prep.max_length, "total_steps": c.steps, "resumed_from_step": start, "stopped_at_step": end,
+        "epochs": end * c.batch * prep.engine_config.grad_accum * prep.world / len(prep.rows),
+        "schedule": {"kind": "linear warm-up + cosine", "warmup_steps": schedule.warmup,
+                     "min_lr_ratio": schedule.floor, "base_lr": prep.engine_config.optimizer.lr},
+        "config_overrides": prep.overrides, "save_every": c.save_every,
+        "checkpoint": str(Path(c.out) / ckpt.CHECKPOINTS / ckpt.step_dir_name(end)),
+        "final_dir": str(final_dir) if final_dir else None,
+        "save_dtype": _resolve_save_dtype(c, loaded, prep.engine_config.precision) if final_dir else None,
+    }
+
+
+def run_finetune(cfg: FinetuneConfig, **kw: Any) -> dict[str, Any]:
+    """prepare + train. FinetuneInputError before any training on bad input."""
+    return train(prepare(cfg), **kw)
