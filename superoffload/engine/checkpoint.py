@@ -59,7 +59,7 @@ def engine_state_dict(eng: SuperOffloadEngine) -> dict[str, Any]:
             a, e = 0, s.numel
             entry = {"master": eng._pending_master[s.index].clone(),
                      "exp_avg": torch.zeros(s.numel), "exp_avg_sq": torch.zeros(s.numel)}
-        entry.update(range=(a, e), numel=s.numel, shape=tuple(s.param.shape), step=eng.steps[s.index])
+        entry.update(range=(a, e), numel=s.numel, shape=tuple(s.shape), step=eng.steps[s.index])
         params[s.name] = entry
     sd: dict[str, Any] = {
         "version": VERSION, "world_size": eng.comm.world, "rank": eng.comm.rank, "params": params,
@@ -128,8 +128,8 @@ def load_engine_state_dict(eng: SuperOffloadEngine, sd: dict[str, Any] | Sequenc
                          f"{len(eng.optimizer.param_groups)}")
     for s in eng.slots:
         saved_shape = tuple(sds[0]["params"][s.name]["shape"])
-        if saved_shape != tuple(s.param.shape):
-            raise ValueError(f"{s.name}: shape {saved_shape} in state_dict, {tuple(s.param.shape)} in the model")
+        if saved_shape != tuple(s.shape):
+            raise ValueError(f"{s.name}: shape {saved_shape} in state_dict, {tuple(s.shape)} in the model")
     same_rank = len(sds) == 1 and sds[0]["world_size"] == eng.comm.world and sds[0]["rank"] == eng.comm.rank
     if not same_rank and len(sds) == 1 and sds[0]["world_size"] != 1:
         raise ValueError(f"this state_dict is rank {sds[0]['rank']} of {sds[0]['world_size']}; the engine is rank "
@@ -173,7 +173,7 @@ def _write_state(eng: SuperOffloadEngine, own: dict[str, Any] | None, full: dict
             if s.index not in owned:  # before the layout: the pending master is the whole parameter
                 src = own["params"][s.name] if own is not None else full[s.name]
                 eng._pending_master[s.index] = src["master"].reshape(-1).to(torch.float32).clone()
-                s.param.data.copy_(eng._pending_master[s.index].view(s.param.shape))
+                s.param.data.copy_(eng._pending_master[s.index].view(s.shape))
                 continue
             a, e, ts = owned[s.index]
             for k, t in ts.items():

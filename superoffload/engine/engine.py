@@ -60,6 +60,17 @@ from superoffload.packing import pack_whole_tensors, tail_start
 log = logging.getLogger(__name__)
 
 
+def _to_device(model: nn.Module, device: torch.device, dtype: torch.dtype) -> nn.Module:
+    """The model on the device with its floating-point parameters in the training precision. Buffers keep
+    their dtype (RoPE's inverse frequencies stay fp32, as `from_pretrained(dtype=...)` keeps them)."""
+    model.to(device=device)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.is_floating_point() and p.dtype != dtype:
+                p.data = p.data.to(dtype)
+    return model
+
+
 class SuperOffloadEngine:
     def __init__(self, model: nn.Module, config: SuperOffloadConfig | dict | str | None = None,
                  param_groups: Any = None, process_group: Any = None) -> None:
@@ -70,16 +81,16 @@ class SuperOffloadEngine:
         self.dtype = torch_dtype(cfg.precision)
         groups = build_param_groups(model, cfg, param_groups)
         names = {id(p): n for n, p in model.named_parameters()}
-        self.slots = [ParamSlot(index=i, param=p, name=names[id(p)], group=gi, numel=p.numel())
+        self.slots = [ParamSlot(index=i, param=p, name=names[id(p)], group=gi, numel=p.numel(), shape=p.shape)
                       for i, (gi, p) in enumerate((gi, p) for gi, g in enumerate(groups) for p in g["params"])]
         self._slot_of = {id(s.param): s.index for s in self.slots}
         self.comm.check_same("the model's trainable parameters and param groups",
-                             [(s.name, tuple(s.param.shape), s.group) for s in self.slots])
+                             [(s.name, tuple(s.shape), s.group) for s in self.slots])
         # fp32 masters come from the weights as given, before the device copy is cast to `precision`;
         # each moves into its bucket's host state when the bucket is created
         self._pending_master = {s.index: s.param.detach().to("cpu", torch.float32).reshape(-1).clone()
                                 for s in self.slots}
-        self.model = model.to(device=self.device.torch_device, dtype=self.dtype)
+        self.model = _to_device(model, self.device.torch_device, self.dtype)
         self.optimizer = OffloadOptimizer(self, groups)
         self.steps = [0] * len(self.slots)
         self.loss_scale = DynamicLossScale(cfg.loss_scale, enabled=cfg.precision == "fp16")
@@ -246,7 +257,7 @@ class SuperOffloadEngine:
                 for s in lay.slots:
                     view = home[s.offset: s.offset + s.numel]
                     view.copy_(s.param.data.reshape(-1))
-                    s.param.data = view.view(s.param.shape)
+                    s.param.data = view.view(s.shape)
         return Bucket(lay, self.ctx, home, host, tail)
 
     @staticmethod
@@ -443,7 +454,7 @@ class SuperOffloadEngine:
                 b = self.buckets[s.bucket]
                 if s.param.data_ptr() != now[s.index][1] or not self._is_home_view(b, s):
                     b.home[s.offset: s.offset + s.numel].copy_(values)
-                    s.param.data = b.home[s.offset: s.offset + s.numel].view(s.param.shape)
+                    s.param.data = b.home[s.offset: s.offset + s.numel].view(s.shape)
                 master = b.tail["master"] if b.tail is not None else b.host.master
                 a, e = max(s.offset, b.lo), min(s.offset + s.numel, b.hi)
                 if a < e:
@@ -765,7 +776,7 @@ class SuperOffloadEngine:
                     raise ValueError(f"{name}: {value.numel()} elements in the state_dict, {s.numel} in the model")
                 if not self.buckets:
                     self._pending_master[s.index] = value.clone()
-                    s.param.data.copy_(value.view(s.param.shape))
+                    s.param.data.copy_(value.view(s.shape))
                     continue
                 b = self.buckets[s.bucket]
                 master = b.tail["master"] if b.tail is not None else b.host.master

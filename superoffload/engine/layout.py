@@ -29,6 +29,7 @@ class ParamSlot:
     numel: int
     bucket: int = -1
     offset: int = 0  # element offset inside its bucket
+    shape: torch.Size = torch.Size()  # the parameter's shape (weight flow may swap its data for a placeholder)
 
 
 def runs(slots: Sequence[ParamSlot], key: Callable[[ParamSlot], Hashable | None],

@@ -12,7 +12,9 @@ their low-precision weights in host stores (pinned with CUDA) instead of device 
   views of that buffer while resident, so autograd's saved tensors, which share the storage, are valid
   again once it is refilled before backward;
 - outside their uses a flowed parameter's data is a view of its host store (one rank: a read returns
-  the right values) or an empty meta tensor (several ranks: a read raises), never released memory.
+  the right values) or, with several ranks (each holds a shard), an empty tensor as DeepSpeed ZeRO-3
+  leaves its parameters (`model.state_dict()` and `materialized()` gather the values; every rank calls
+  them); never released memory.
 
 When: a block is fetched before its forward and released after it; fetched again when the gradient of
 its output is ready (the start of its backward, before an activation-checkpointing recompute, which
@@ -93,7 +95,7 @@ def find_module_list(model: nn.Module, path: str | None) -> tuple[str, nn.Module
 class Store:
     """One contiguous host store of a block's weights and the device buffer they are fetched into."""
 
-    params: list[tuple[nn.Parameter, int]]  # (parameter, element offset in the flat layout)
+    params: list[tuple[nn.Parameter, int, torch.Size]]  # (parameter, element offset in the flat layout, shape)
     padded: int
     host: torch.Tensor  # this rank's shard (a bucket's home), or the whole layout (frozen weights)
     lo: int
@@ -102,10 +104,15 @@ class Store:
     bucket: Bucket | None = None  # the bucket whose home this is (None: frozen weights)
     gather: Any = None
 
-    def placeholder(self, p: nn.Parameter, off: int, sharded: bool) -> torch.Tensor:
+    def placeholder(self, p: nn.Parameter, off: int, shape: torch.Size, sharded: bool) -> torch.Tensor:
+        """A released parameter's data: a view of its host store, or with several ranks (each holding a
+        shard) an empty tensor, as DeepSpeed ZeRO-3 leaves its parameters outside forward."""
         if sharded:
-            return torch.empty(p.shape, dtype=p.dtype, device="meta")
-        return self.host[off: off + p.numel()].view(p.shape)
+            return torch.empty(0, dtype=p.dtype, device=self.device_flat.device)
+        return self.host[off: off + shape.numel()].view(shape)
+
+    def device_view(self, off: int, shape: torch.Size) -> torch.Tensor:
+        return self.device_flat[off: off + shape.numel()].view(shape)
 
 
 @dataclass(eq=False)
@@ -238,15 +245,15 @@ class WeightFlow:
             for lay in blk.layouts:
                 b = by_layout[id(lay)]
                 flat = dev.empty(lay.padded, b.home.dtype, "flow")
-                blk.stores.append(Store([(s.param, s.offset) for s in lay.slots], lay.padded, b.home, b.lo, b.hi,
-                                        flat, bucket=b))
+                blk.stores.append(Store([(s.param, s.offset, s.shape) for s in lay.slots], lay.padded,
+                                        b.home, b.lo, b.hi, flat, bucket=b))
             frozen = [p for p in blk.params if id(p) not in {id(s.param) for s in blk.slots}]
             if frozen:
                 blk.stores.append(self._frozen_store(frozen))
             blk.event = dev.new_event()
             for st in blk.stores:
-                for p, off in st.params:
-                    p.data = st.device_flat[off: off + p.numel()].view(p.shape)
+                for p, off, shape in st.params:
+                    p.data = st.device_view(off, shape)
             blk.resident = True
             self.resident_count += 1
         for blk in self.blocks.values():
@@ -274,7 +281,7 @@ class WeightFlow:
         offs, off = [], 0
         for p in params:
             host[off: off + p.numel()].copy_(p.data.reshape(-1))
-            offs.append((p, off))
+            offs.append((p, off, p.shape))
             off += p.numel()
         return Store(offs, n, host, 0, n, dev.empty(n, dtype, "flow"))
 
@@ -310,8 +317,8 @@ class WeightFlow:
                     st.gather = self.comm.all_gather(st.device_flat, st.device_flat[st.lo: st.hi], worker=False)
             dev.record(blk.event, self.stream, "flow fetch: weights copied")
         for st in blk.stores:
-            for p, off in st.params:
-                p.data = st.device_flat[off: off + p.numel()].view(p.shape)
+            for p, off, shape in st.params:
+                p.data = st.device_view(off, shape)
         blk.resident = True
         self.resident_count += 1
         self.peak_resident = max(self.peak_resident, self.resident_count)
@@ -342,8 +349,8 @@ class WeightFlow:
         # the H2D into this memory must precede anything that reuses it once it is freed
         dev.wait_event(dev.current_stream(), blk.event, "flow release: waits for the fetch copy")
         for st in blk.stores:
-            for p, off in st.params:
-                p.data = st.placeholder(p, off, sharded=st.bucket is not None and self.comm.active)
+            for p, off, shape in st.params:
+                p.data = st.placeholder(p, off, shape, sharded=st.bucket is not None and self.comm.active)
             dev.storage_free(st.device_flat, "flow", "flow release")
             st.device_flat.untyped_storage().resize_(0)
         blk.resident = False
@@ -500,8 +507,8 @@ class WeightFlow:
                 log.warning("weight flow: layer %d does not fit the device after close(); its parameters "
                             "now live on the host", blk.pos)
                 for st in blk.stores:
-                    for p, off in st.params:
-                        p.data = st.host[off: off + p.numel()].view(p.shape).clone()
+                    for p, off, shape in st.params:
+                        p.data = st.host[off: off + shape.numel()].view(shape).clone()
                 blk.resident = False
         self.device.synchronize()
         self.started = False

@@ -1,0 +1,194 @@
+"""One rank of a multi-rank engine test (launched by launch.py): gloo on 127.0.0.1, a short timeout.
+
+Scenarios (each writes `rank{r}.pt` with what the test compares):
+- exact: speculation on and off at the same world size, under clipping on chosen steps, a NaN injected on
+  one rank only, optional gradient accumulation and two param groups: the per-step parameter digests, the
+  state_dicts, the losses, the collective log of each run;
+- torch_ref: fp32 training of a shard of a global batch, the losses (the test compares their mean with
+  single-process torch AdamW + clip_grad_norm_ on the whole batch);
+- save / resume: train, save a checkpoint; resume (possibly at another world size) and continue;
+- raise: one rank raises in backward; the others must fail on their next collective's timeout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import math
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+import superoffload
+from superoffload.harness.models import build_model, get_shape
+
+SEQ, GLOBAL_ROWS = 16, 4  # every world size trains the same global batch; rank r takes its rows
+OPT = {"lr": 2e-3, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}
+CLIP_STEPS = {2: 1e-3, 5: 1e-3}
+
+
+def global_batch(step: int, micro: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The whole global batch of a step (the same on every rank and at every world size)."""
+    g = torch.Generator().manual_seed(10_000 + 97 * step + micro)
+    x = torch.randint(0, get_shape("gpt-tiny").vocab, (GLOBAL_ROWS, SEQ + 1), generator=g)
+    return x[:, :-1].contiguous(), x[:, 1:].contiguous()
+
+
+def shard(t: torch.Tensor, rank: int, world: int) -> torch.Tensor:
+    n = GLOBAL_ROWS // world
+    return t[rank * n:(rank + 1) * n].contiguous()
+
+
+def digest(model: torch.nn.Module) -> str:
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().float().cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+def make_engine(cfg: dict, rank: int, nan_step: int | None, groups: bool) -> tuple:
+    model = build_model(get_shape("gpt-tiny"), seq=SEQ, seed=0)
+    state = {"step": -1, "boundary": False}
+    if nan_step is not None and rank == 1:  # a NaN on one rank only: every rank must skip that step
+        def inject(p):
+            if state["step"] == nan_step and state["boundary"]:
+                p.grad.view(-1)[0] = math.nan
+        model.blocks[1].mlp.fc.weight.register_post_accumulate_grad_hook(inject)
+    param_groups = None
+    if groups:
+        named = dict(model.named_parameters())
+        first = [p for n, p in named.items() if n.startswith("blocks.0")]
+        rest = [p for n, p in named.items() if not n.startswith("blocks.0")]
+        param_groups = [{"params": rest}, {"params": first, "lr": OPT["lr"] / 2, "weight_decay": 0.0}]
+    engine = superoffload.initialize(model, cfg, param_groups=param_groups)
+    return engine, state
+
+
+def train(engine, state, rank: int, world: int, steps: int, start: int = 0, clip=None) -> dict:
+    """`clip(step)`: that step's grad_clip (default: CLIP_STEPS fire, others 1e3, which never clips)."""
+    clip = clip or (lambda i: CLIP_STEPS.get(i, 1e3))
+    accum = engine.config.grad_accum
+    losses, digests, logs = [], [], []
+    for i in range(start, steps):
+        state["step"] = i
+        engine.config.grad_clip = clip(i)
+        n0 = {k: len(v) for k, v in engine.comm.log.items()}
+        for m in range(accum):
+            x, y = global_batch(i, m)
+            state["boundary"] = m == accum - 1
+            loss = engine(shard(x, rank, world), shard(y, rank, world))
+            engine.backward(loss)
+            losses.append(loss.item())
+        engine.step()
+        engine.synchronize()
+        digests.append(digest(engine.model))
+        logs.append({k: v[n0[k]:] for k, v in engine.comm.log.items()})
+    return {"losses": losses, "digests": digests, "logs": logs}
+
+
+def scenario_exact(a, rank: int, world: int) -> dict:
+    base = {"optimizer": OPT, "precision": a.precision, "bucket_size": 40_000, "device_tail_buckets": a.tail,
+            "grad_accum": a.accum, "device": a.device, "rollback_mode": a.mode,
+            "flow_layers": [int(x) for x in a.flow.split(",")] if a.flow else []}
+    out = {}
+    for name, extra in (("spec", {"speculation_policy": {"max_rollback_rate": 1.0}}), ("ref", {"speculation": False})):
+        engine, state = make_engine({**base, **extra}, rank, nan_step=4, groups=a.groups)
+        res = train(engine, state, rank, world, a.steps)
+        res["state_dict"] = engine.state_dict()
+        res["stats"] = {k: v for k, v in engine.stats["speculation"].items() if k != "rollback_time_s"}
+        res["world"] = engine.comm.world
+        out[name] = res
+        engine.close()
+    return out
+
+
+def scenario_torch_ref(a, rank: int, world: int) -> dict:
+    cfg = {"optimizer": OPT, "precision": "fp32", "bucket_size": 40_000, "device_tail_buckets": 1, "grad_clip": 1.0,
+           "speculation_policy": {"max_rollback_rate": 1.0}, "device": a.device}
+    engine, state = make_engine(cfg, rank, nan_step=None, groups=False)
+    res = train(engine, state, rank, world, a.steps, clip=lambda i: 1.0)
+    res["clipped"] = engine.stats["speculation"].get("clipped", 0)
+    res["grad_norms"] = engine.last_grad_norm
+    return res
+
+
+def scenario_save(a, rank: int, world: int) -> dict:
+    cfg = {"optimizer": OPT, "precision": "bf16", "bucket_size": 40_000, "device_tail_buckets": 1,
+           "speculation_policy": {"max_rollback_rate": 1.0}, "device": a.device}
+    engine, state = make_engine(cfg, rank, nan_step=None, groups=False)
+    train(engine, state, rank, world, a.split)
+    engine.save_checkpoint(a.ckpt, tag="step")
+    saved = engine.state_dict()
+    rest = train(engine, state, rank, world, a.steps, start=a.split)
+    return {"saved": saved, "final": engine.state_dict(), "losses": rest["losses"], "digests": rest["digests"]}
+
+
+def scenario_resume(a, rank: int, world: int) -> dict:
+    cfg = {"optimizer": OPT, "precision": "bf16", "bucket_size": 40_000, "device_tail_buckets": 1,
+           "speculation_policy": {"max_rollback_rate": 1.0}, "device": a.device}
+    model = build_model(get_shape("gpt-tiny"), seq=SEQ, seed=123)  # every weight must come from the checkpoint
+    engine = superoffload.initialize(model, cfg)
+    engine.load_checkpoint(a.ckpt, tag="step")
+    loaded = engine.state_dict()
+    rest = train(engine, {"step": -1, "boundary": False}, rank, world, a.steps, start=a.split)
+    return {"loaded": loaded, "final": engine.state_dict(), "losses": rest["losses"], "digests": rest["digests"]}
+
+
+def scenario_raise(a, rank: int, world: int) -> dict:
+    """Rank 1 raises in backward at step 2 and dies (--hang: and stays alive without taking part)."""
+    cfg = {"optimizer": OPT, "bucket_size": 40_000, "device": a.device}
+    engine, state = make_engine(cfg, rank, nan_step=None, groups=False)
+    if rank == 1:
+        def boom(p):
+            if state["step"] == 2:
+                raise RuntimeError("injected failure on rank 1")
+        engine.model.blocks[2].mlp.fc2.weight.register_post_accumulate_grad_hook(boom)
+    try:
+        train(engine, state, rank, world, 6)
+    except RuntimeError:
+        if rank == 1 and a.hang:
+            import time
+
+            time.sleep(600)  # alive, silent: the other ranks' collectives must time out
+        raise
+    return {}
+
+
+SCENARIOS = {"exact": scenario_exact, "torch_ref": scenario_torch_ref, "save": scenario_save,
+             "resume": scenario_resume, "raise": scenario_raise}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--world", type=int, required=True)
+    ap.add_argument("--rank", type=int, required=True)
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--scenario", required=True, choices=list(SCENARIOS))
+    ap.add_argument("--pg-timeout", type=int, default=60)
+    ap.add_argument("--device", default="host")
+    ap.add_argument("--precision", default="bf16")
+    ap.add_argument("--mode", default="deferred")
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--split", type=int, default=4)
+    ap.add_argument("--accum", type=int, default=1)
+    ap.add_argument("--tail", type=int, default=1)
+    ap.add_argument("--flow", default="")
+    ap.add_argument("--groups", action="store_true")
+    ap.add_argument("--ckpt", default="")
+    ap.add_argument("--hang", action="store_true")
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{a.port}", rank=a.rank, world_size=a.world,
+                            timeout=datetime.timedelta(seconds=a.pg_timeout))
+    try:
+        res = SCENARIOS[a.scenario](a, a.rank, a.world)
+        torch.save(res, Path(a.out) / f"rank{a.rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,123 @@
+"""SuperOffload sharded across ranks (gloo on 127.0.0.1; each rank a process with a short collective
+timeout, so a failure ends the run instead of hanging it).
+
+- speculation on equals validate-first bit for bit at the same world size, under clipping, a NaN on one
+  rank only (every rank skips), gradient accumulation, two param groups, weight flow, on the CPU-only and
+  the simulated device; every rank holds identical parameters after every step; every rank issues the
+  same collectives in the same order (the engine's collective log, per process group);
+- fp32 training of a global batch split over the ranks follows single-process torch AdamW +
+  clip_grad_norm_ on the whole batch within 1e-5 relative in the loss;
+- checkpoints: per-rank shards; resume at the same world size is bit-identical, at another one the state
+  is re-sharded exactly (2 -> 1 and 1 -> 2);
+- an exception on one rank ends the job: the others fail on their next collective.
+
+W=2 runs in CI; W=4 is marked slow.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from superoffload.engine.checkpoint import param_state
+from superoffload.harness.models import build_model, get_shape
+from tests.engine.multirank.launch import run_ranks
+from tests.engine.multirank.worker import OPT, SEQ, global_batch
+
+
+def _exact(tmp: Path, world: int, *args: str) -> list[dict]:
+    res, _, _ = run_ranks(world, "exact", tmp, args=args)
+    spec, ref = [r["spec"] for r in res], [r["ref"] for r in res]
+    for run in (spec, ref):
+        assert all(r["world"] == world for r in run)
+        assert all(r["digests"] == run[0]["digests"] for r in run), "ranks hold different parameters"
+        assert all(r["logs"] == run[0]["logs"] for r in run), "ranks issued different collective sequences"
+    assert spec[0]["digests"] == ref[0]["digests"]  # the same weights after every step
+    ps, pr = param_state([r["state_dict"] for r in spec]), param_state([r["state_dict"] for r in ref])
+    for n in ps:
+        for k in ("master", "exp_avg", "exp_avg_sq"):
+            assert torch.equal(ps[n][k], pr[n][k]), f"{n}.{k}"
+        assert ps[n]["step"] == pr[n]["step"] == 7  # 8 steps, the NaN step skipped on every rank
+    s = spec[0]["stats"]
+    assert s["speculated"] == 8 and s["skipped"] == 1 and s["rolled_back"] == 3  # clip at 2 and 5, NaN at 4
+    assert any(log["main"] and log["gather"] for log in spec[0]["logs"])  # it really reduced and gathered
+    return spec
+
+
+@pytest.mark.parametrize("args", [
+    pytest.param((), id="host-bf16-tail"),
+    pytest.param(("--precision", "fp16"), id="host-fp16"),
+    pytest.param(("--accum", "2", "--groups", "--mode", "full_copy"), id="accum-groups-full_copy"),
+    pytest.param(("--flow", "1,2", "--tail", "0"), id="flow"),
+    pytest.param(("--device", "sim"), id="sim"),
+])
+def test_speculation_equals_validate_first_at_w2(tmp_path, args):
+    _exact(tmp_path, 2, *args)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args", [(), ("--device", "sim", "--flow", "2", "--tail", "0")])
+def test_speculation_equals_validate_first_at_w4(tmp_path, args):
+    _exact(tmp_path, 4, *args)
+
+
+def _torch_reference(steps: int) -> list[float]:
+    model = build_model(get_shape("gpt-tiny"), seq=SEQ, seed=0)
+    named = dict(model.named_parameters())
+    opt = torch.optim.AdamW([{"params": [p for p in named.values() if p.dim() >= 2]},
+                             {"params": [p for p in named.values() if p.dim() < 2], "weight_decay": 0.0}],
+                            lr=OPT["lr"], betas=OPT["betas"], eps=OPT["eps"], weight_decay=OPT["weight_decay"])
+    losses = []
+    for i in range(steps):
+        x, y = global_batch(i)
+        loss = model(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("world", [2, pytest.param(4, marks=pytest.mark.slow)])
+def test_follows_single_process_torch_adamw(tmp_path, world):
+    res, _, _ = run_ranks(world, "torch_ref", tmp_path, args=("--steps", "10"))
+    assert res[0]["clipped"] == 10  # clipping at 1.0 fires on every step of this run
+    mean = [sum(r["losses"][i] for r in res) / world for i in range(10)]
+    for a, b in zip(mean, _torch_reference(10), strict=True):
+        assert abs(a - b) <= 1e-5 * abs(b)
+
+
+@pytest.mark.parametrize("saved_at,resumed_at", [(2, 2), (2, 1), (1, 2)])
+def test_checkpoint_resume_and_reshard(tmp_path, saved_at, resumed_at):
+    ck = tmp_path / "ckpt"
+    saved, _, _ = run_ranks(saved_at, "save", tmp_path / "a", args=("--ckpt", str(ck)))
+    resumed, _, _ = run_ranks(resumed_at, "resume", tmp_path / "b", args=("--ckpt", str(ck)))
+    ps, pl = param_state([r["saved"] for r in saved]), param_state([r["loaded"] for r in resumed])
+    for n in ps:  # the state is re-sharded exactly
+        for k in ("master", "exp_avg", "exp_avg_sq"):
+            assert torch.equal(ps[n][k], pl[n][k]), f"{n}.{k}"
+    pf, pr = param_state([r["final"] for r in saved]), param_state([r["final"] for r in resumed])
+    if saved_at == resumed_at:  # bit-identical continuation
+        assert [r["losses"] for r in saved] == [r["losses"] for r in resumed]
+        assert all(torch.equal(pf[n]["master"], pr[n]["master"]) for n in pf)
+    else:  # the same global batch, reduced in another order: close, not bits (bf16 weights)
+        la = [sum(v) / len(v) for v in zip(*(r["losses"] for r in saved), strict=True)]
+        lb = [sum(v) / len(v) for v in zip(*(r["losses"] for r in resumed), strict=True)]
+        assert all(abs(a - b) <= 2e-3 * abs(a) for a, b in zip(la, lb, strict=True))
+    shutil.rmtree(ck)
+
+
+@pytest.mark.parametrize("hang", [False, True])
+def test_an_exception_on_one_rank_ends_the_job(tmp_path, hang):
+    """Rank 1 raises in backward. If it dies, rank 0's next collective fails at once; if it stays alive
+    and silent, rank 0's collective times out (10 s here): either way rank 0 ends, with an error."""
+    res, codes, ended = run_ranks(2, "raise", tmp_path, args=("--hang",) if hang else (), check=False,
+                                  timeout=60, pg_timeout_s=10, wait_for=(0,))
+    log0 = (tmp_path / "rank0.log").read_text()
+    assert codes[0] not in (0, -9), f"rank 0 did not fail by itself (exit {codes[0]}):\n{log0[-2000:]}"
+    assert ended[0] < 45, f"rank 0 took {ended[0]:.0f} s to fail"
+    assert ("imed out" in log0 or "Timeout" in log0) if hang else "Connection closed by peer" in log0, log0[-2000:]
