@@ -19,6 +19,7 @@ TOP_COMMANDS = [
     "superoffload.calibrate.machine",  # calibrate
     "superoffload.planner.explain",  # explain
     "superoffload.calibrate.accuracy",  # validate
+    "superoffload.cli.finetune",  # finetune
 ]
 
 

@@ -383,7 +383,8 @@ def train(prep: Prepared, *, stdout: TextIO | None = None, stderr: TextIO | None
         dev = device.torch_device
         for step in range(start, end):
             batches = data.step_batches(step)
-            total = max(1, learned_tokens(batches))
+            learned = learned_tokens(batches)
+            total = max(1, learned)
             lr = engine.optimizer.param_groups[0]["lr"]
             device.synchronize()
             t0 = time.perf_counter()
@@ -395,7 +396,7 @@ def train(prep: Prepared, *, stdout: TextIO | None = None, stderr: TextIO | None
                 acc += s.detach().double()
             engine.step()
             sched.step()
-            loss = float(acc) / total
+            loss = float(acc) / learned if learned else float("nan")  # no learned token: null in the record
             device.synchronize()
             times.append(time.perf_counter() - t0)
             telemetry.mark_step(step)
