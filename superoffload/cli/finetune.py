@@ -109,10 +109,10 @@ def main(args: argparse.Namespace) -> int:
         peak_flops=args.peak_flops, data_dtype=args.data_dtype, progress=not args.no_progress)
     try:
         prepared = prepare(cfg)
+        rec = train(prepared)
     except FinetuneInputError as e:
         print("superoffload finetune: error: " + " ".join(str(e).split()), file=sys.stderr)
         return 2
-    rec = train(prepared)
     if prepared.rank == 0:
         print(summary_line(rec))
     return 0 if rec["status"] == "ok" else 1

@@ -20,6 +20,7 @@ TOP_COMMANDS = [
     "superoffload.calibrate.machine",  # calibrate
     "superoffload.planner.explain",  # explain
     "superoffload.calibrate.accuracy",  # validate
+    "superoffload.cli.finetune",  # finetune
 ]
 
 

@@ -279,6 +279,9 @@ def _check_resume(prep: Prepared) -> None:
             raise FinetuneInputError(f"--resume: {key} is {prep.settings.get(key)!r} but the checkpoint "
                                      f"{prep.resume_from.name} was written with {saved.get(key)!r}; resume with "
                                      f"the same settings")
+    if prep.cfg.stop_after is not None and prep.cfg.stop_after <= trainer["step"]:
+        raise FinetuneInputError(f"--stop-after {prep.cfg.stop_after}: the checkpoint is already at step "
+                                 f"{trainer['step']}")
     if trainer["step"] >= prep.cfg.steps:
         raise FinetuneInputError(f"--resume: the checkpoint is at step {trainer['step']}, the run has "
                                  f"--steps {prep.cfg.steps}: nothing left to train")
@@ -310,7 +313,8 @@ def _trainer_state(prep: Prepared, step: int, sched: Any, losses: list[float], m
 
 def train(prep: Prepared, *, stdout: TextIO | None = None, stderr: TextIO | None = None) -> dict[str, Any]:
     """Run the steps; return the run record (written to ``DIR/record.json`` by rank 0). A failure during
-    training becomes a record with status "error" / "oom", as in the runner."""
+    training becomes a record with status "error" / "oom", as in the runner; an engine config the engine
+    rejects for this model raises FinetuneInputError before the first step."""
     from superoffload.engine import initialize
     from superoffload.harness.telemetry import Telemetry
     from superoffload.planner.explain import format_plan
@@ -323,7 +327,6 @@ def train(prep: Prepared, *, stdout: TextIO | None = None, stderr: TextIO | None
     ga = eng_cfg.grad_accum
     data = TrainData(prep.rows, c.batch, ga, c.seed, prep.rank, prep.world)
     if main:
-        out.mkdir(parents=True, exist_ok=True)
         if c.print_plan:
             text = format_plan(prep.plan, loaded.shape) if prep.plan is not None else "Plan: off (--no-plan)"
             print(text, file=stdout)
@@ -335,8 +338,13 @@ def train(prep: Prepared, *, stdout: TextIO | None = None, stderr: TextIO | None
         for note in prep.notes:
             print(note, file=stderr)
 
+    from superoffload.engine import ConfigError
+
     buffers = snapshot_buffers(loaded.module)
-    engine = initialize(loaded.module, eng_cfg)
+    try:  # the engine's model-dependent checks (flow_layers, tail buckets vs the HBM budget) are input errors
+        engine = initialize(loaded.module, eng_cfg)
+    except ConfigError as e:
+        raise FinetuneInputError(f"engine config: {' '.join(str(e).split())}") from None
     restore_buffer_dtypes(engine.model, buffers)  # e.g. RoPE inv_freq stays fp32, as from_pretrained keeps it
     del buffers
     device = engine.device
@@ -383,7 +391,8 @@ def train(prep: Prepared, *, stdout: TextIO | None = None, stderr: TextIO | None
         dev = device.torch_device
         for step in range(start, end):
             batches = data.step_batches(step)
-            total = max(1, learned_tokens(batches))
+            learned = learned_tokens(batches)
+            total = max(1, learned)
             lr = engine.optimizer.param_groups[0]["lr"]
             device.synchronize()
             t0 = time.perf_counter()
@@ -395,7 +404,7 @@ def train(prep: Prepared, *, stdout: TextIO | None = None, stderr: TextIO | None
                 acc += s.detach().double()
             engine.step()
             sched.step()
-            loss = float(acc) / total
+            loss = float(acc) / learned if learned else float("nan")  # no learned token: null in the record
             device.synchronize()
             times.append(time.perf_counter() - t0)
             telemetry.mark_step(step)
