@@ -86,6 +86,9 @@ class SuperOffloadEngine:
         self._slot_of = {id(s.param): s.index for s in self.slots}
         self.comm.check_same("the model's trainable parameters and param groups",
                              [(s.name, tuple(s.shape), s.group) for s in self.slots])
+        # everything that shapes the collectives (bucketing, tail, flow, casting, precision) must agree;
+        # host_threads may differ (each rank's share of its host's cores)
+        self.comm.check_same("the engine config", {k: v for k, v in cfg.to_dict().items() if k != "host_threads"})
         # fp32 masters come from the weights as given, before the device copy is cast to `precision`;
         # each moves into its bucket's host state when the bucket is created
         self._pending_master = {s.index: s.param.detach().to("cpu", torch.float32).reshape(-1).clone()

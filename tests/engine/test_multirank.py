@@ -9,7 +9,8 @@ timeout, so a failure ends the run instead of hanging it).
   clip_grad_norm_ on the whole batch within 1e-5 relative in the loss;
 - checkpoints: per-rank shards; resume at the same world size is bit-identical, at another one the state
   is re-sharded exactly (2 -> 1 and 1 -> 2);
-- an exception on one rank ends the job: the others fail on their next collective.
+- an exception on one rank ends the job: the others fail on their next collective;
+- Ulysses sequence parallelism (x data parallelism) composed with the engine trains like one rank.
 
 W=2 runs in CI; W=4 is marked slow.
 """
@@ -109,6 +110,28 @@ def test_checkpoint_resume_and_reshard(tmp_path, saved_at, resumed_at):
         lb = [sum(v) / len(v) for v in zip(*(r["losses"] for r in resumed), strict=True)]
         assert all(abs(a - b) <= 2e-3 * abs(a) for a, b in zip(la, lb, strict=True))
     shutil.rmtree(ck)
+
+
+@pytest.mark.parametrize("world,sp", [(2, 2), pytest.param(4, 4, marks=pytest.mark.slow),
+                                      pytest.param(4, 2, marks=pytest.mark.slow)])
+def test_sequence_parallel_training_equals_one_rank(tmp_path, world, sp):
+    """Ulysses SP (x DP) composed with the engine, fp32, speculation and clipping on every step, optimizer
+    sharded over the whole world, gradients summed after a loss normalized by the global token count: the
+    global loss follows one rank training the whole batch within 1e-5 relative over 10 steps."""
+    import superoffload
+
+    res, _, _ = run_ranks(world, "sp", tmp_path, args=("--sp", str(sp), "--steps", "10"))
+    assert len({r["digest"] for r in res}) == 1 and res[0]["stats"]["clipped"] == 10
+    engine = superoffload.initialize(build_model(get_shape("gpt-tiny"), seq=SEQ, seed=0), {
+        "optimizer": OPT, "precision": "fp32", "bucket_size": 40_000, "device_tail_buckets": 1, "grad_clip": 0.5,
+        "speculation_policy": {"max_rollback_rate": 1.0}})
+    for i in range(10):
+        x, y = global_batch(i)
+        loss = engine(x, y)
+        engine.backward(loss)
+        engine.step()
+        assert abs(res[0]["losses"][i] - loss.item()) <= 1e-5 * abs(loss.item()), i
+    engine.close()
 
 
 @pytest.mark.parametrize("hang", [False, True])

@@ -156,7 +156,37 @@ def scenario_raise(a, rank: int, world: int) -> dict:
     return {}
 
 
-SCENARIOS = {"exact": scenario_exact, "torch_ref": scenario_torch_ref, "save": scenario_save,
+def scenario_sp(a, rank: int, world: int) -> dict:
+    """Ulysses sequence parallelism composed with the engine: `a.sp` ranks split each sequence, the rest of
+    the world splits the batch; the optimizer is sharded over the whole world; the loss is each rank's
+    token-loss sum over the global token count and gradients are summed (gradient_reduction "sum")."""
+    from superoffload.sequence import enable_sequence_parallel
+
+    sp, dp = a.sp, world // a.sp
+    groups = [dist.new_group(list(range(d * sp, (d + 1) * sp))) for d in range(dp)]  # every rank creates all
+    sp_group, d = groups[rank // sp], rank // sp
+    model = build_model(get_shape("gpt-tiny"), seq=SEQ, seed=0)
+    seq = enable_sequence_parallel(model, sp_group, loss_group=None, global_tokens=GLOBAL_ROWS * SEQ)
+    engine = superoffload.initialize(model, {
+        "optimizer": OPT, "precision": "fp32", "bucket_size": 40_000, "device_tail_buckets": 1, "grad_clip": 0.5,
+        "gradient_reduction": "sum", "speculation_policy": {"max_rollback_rate": 1.0}, "device": a.device})
+    rows = GLOBAL_ROWS // dp
+    losses = []
+    for i in range(a.steps):
+        x, y = global_batch(i)
+        xs, ys = x[d * rows:(d + 1) * rows], y[d * rows:(d + 1) * rows]
+        loss = engine(seq.shard(xs), seq.shard(ys))
+        engine.backward(loss)
+        engine.step()
+        total = loss.detach().clone()
+        dist.all_reduce(total)  # the global mean loss: every rank's share of it summed
+        losses.append(total.item())
+    engine.synchronize()
+    return {"losses": losses, "stats": {k: v for k, v in engine.stats["speculation"].items()
+                                        if k != "rollback_time_s"}, "digest": digest(engine.model)}
+
+
+SCENARIOS = {"exact": scenario_exact, "sp": scenario_sp, "torch_ref": scenario_torch_ref, "save": scenario_save,
              "resume": scenario_resume, "raise": scenario_raise}
 
 
@@ -179,6 +209,7 @@ def main() -> None:
     ap.add_argument("--groups", action="store_true")
     ap.add_argument("--ckpt", default="")
     ap.add_argument("--hang", action="store_true")
+    ap.add_argument("--sp", type=int, default=1)
     a = ap.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{a.port}", rank=a.rank, world_size=a.world,
