@@ -1,10 +1,18 @@
-"""`superoffload bench run`: one benchmark run -> one JSON record."""
+"""`superoffload bench run`: one benchmark run -> one JSON record.
+
+`--nproc N` runs the same command on N ranks of this host: it launches
+`python -m torch.distributed.run --standalone --nproc_per_node N -m superoffload bench run ...` (the
+same options without `--nproc`), waits, and makes sure a record exists afterwards (rank 0 writes it; if
+the ranks died without one, an error record with the tail of their output is written here).
+"""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import json
+import os
+import subprocess
 import sys
 
 from superoffload.harness.models import MODELS
@@ -101,6 +109,15 @@ def add_cli(sub: argparse._SubParsersAction) -> None:
                    help="token id type of --data (default uint16)")
     p.add_argument("--option", "-o", type=_option, action="append", default=[], metavar="KEY=VALUE",
                    help="system-specific option (JSON value), repeatable, e.g. -o bucket_size=4096")
+    p.add_argument("--nproc", type=int, default=None, metavar="N",
+                   help="train on N ranks of this host: launches torchrun --standalone --nproc_per_node N with "
+                        "this command (gloo on the CPU, NCCL on GPUs, one GPU per rank); --batch is per rank, "
+                        "the global batch is batch x grad-accum x N; only rank 0 writes --out (default: one "
+                        "process, or the ranks of an enclosing torchrun)")
+    p.add_argument("--bind-cores", action="store_true",
+                   help="bind each rank to its own slice of the host's cores (one NUMA node per rank when "
+                        "there are enough; else equal slices by LOCAL_RANK) and give the host optimizer the "
+                        "slice minus one core; the cores are in the record (docs/measurement.md)")
     p.add_argument("--out", required=True, help="path of the JSON record to write")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=main)
@@ -117,13 +134,21 @@ def main(args: argparse.Namespace) -> int:
                     grad_accum=args.grad_accum, steps=args.steps, warmup=args.warmup, dtype=args.dtype,
                     seed=args.seed, lr=args.lr, weight_decay=args.weight_decay, grad_clip=args.grad_clip,
                     activation_checkpointing=args.checkpointing, threads=args.threads, device=args.device,
-                    peak_flops=args.peak_flops, system_options=options)
+                    peak_flops=args.peak_flops, system_options=options, bind_cores=args.bind_cores)
+    nproc = getattr(args, "nproc", None)
+    launch = nproc is not None and nproc > 1 and "LOCAL_RANK" not in os.environ
     try:
+        if nproc is not None:
+            check_nproc(run, nproc)
+            if launch:
+                run.world_size = nproc
         shape = validate_run(run)
         check_memory(run, shape)
     except ValueError as e:
         print("superoffload bench run: error: " + " ".join(str(e).split()), file=sys.stderr)
         return 2
+    if launch:
+        return launch_ranks(args, run)
 
     bar = None
     progress = None
@@ -146,17 +171,113 @@ def main(args: argparse.Namespace) -> int:
 
 
 def summary_line(rec: dict) -> str:
+    world = rec.get("world_size", 1)
     head = f"{rec['system']} {rec['model']['name']} seq={rec['run']['seq']} batch={rec['run']['global_batch']}"
+    if world > 1:
+        head += f" world={world} rank={rec['run'].get('rank', 0)}"
     if rec["status"] != "ok":
         return f"{head}: {rec['status'].upper()}: {(rec['error'] or '').splitlines()[0]}"
     tp, tm = rec["throughput"], rec["timing"]
     mem = rec["memory"]["peak_device_bytes"]
     mem_s = f"{mem / 2**30:.2f} GiB device" if mem is not None else \
         f"{rec['memory']['peak_host_rss_bytes'] / 2**30:.2f} GiB host RSS"
-    return (f"{head}: {tp['tokens_per_s']:.0f} tok/s, {tp['model_tflops']:.3f} TFLOPS, "
+    agg = f" ({tp['aggregate_tokens_per_s']:.0f} tok/s over {world} ranks)" if world > 1 else ""
+    return (f"{head}: {tp['tokens_per_s']:.0f} tok/s per device{agg}, {tp['model_tflops']:.3f} TFLOPS, "
             f"MFU {100 * tp['mfu']:.1f}%, HFU {100 * tp['hfu']:.1f}%, step {1000 * tm['median_s']:.1f} ms "
             f"(p10-p90 {1000 * tm['p10_s']:.1f}-{1000 * tm['p90_s']:.1f}), peak {mem_s}, "
             f"loss {rec['losses'][0]:.4f} -> {rec['losses'][-1]:.4f}")
+
+
+def available_cores() -> int:
+    return len(os.sched_getaffinity(0))
+
+
+def check_nproc(run: RunConfig, nproc: int) -> None:
+    """Refuse, before launching anything, a rank count this host or this system cannot run: ValueError."""
+    from superoffload.harness.systems import supports_multi_rank
+
+    if nproc < 1:
+        raise ValueError(f"--nproc must be >= 1, got {nproc}")
+    if nproc == 1:
+        return
+    if "LOCAL_RANK" in os.environ and os.environ.get("WORLD_SIZE") not in (None, str(nproc)):
+        raise ValueError(f"--nproc {nproc} inside a torchrun job of WORLD_SIZE {os.environ['WORLD_SIZE']}; "
+                         "drop --nproc (the enclosing launcher decides the ranks)")
+    import torch
+
+    cuda = run.device not in ("cpu", "host", "sim") and torch.cuda.is_available()
+    if cuda:
+        if nproc > torch.cuda.device_count():
+            raise ValueError(f"--nproc {nproc} needs one GPU per rank; this host has {torch.cuda.device_count()}")
+    elif nproc > available_cores():
+        raise ValueError(f"--nproc {nproc}: gloo ranks on the CPU need a core each; {available_cores()} are "
+                         "available to this process")
+    if not supports_multi_rank(run.system):
+        raise ValueError(f"system {run.system!r} cannot run on several ranks; use --nproc 1")
+
+
+def child_argv(args: argparse.Namespace) -> list[str]:
+    """The `bench run` options of ``args`` as argv for the ranks (without --nproc)."""
+    argv = ["bench", "run", "--system", args.system, "--model", args.model, "--seq", str(args.seq),
+            "--batch", str(args.batch), "--grad-accum", str(args.grad_accum), "--steps", str(args.steps),
+            "--warmup", str(args.warmup), "--dtype", args.dtype, "--seed", str(args.seed), "--lr", repr(args.lr),
+            "--weight-decay", repr(args.weight_decay), "--grad-clip", repr(args.grad_clip),
+            "--device", args.device, "--out", str(args.out), "--no-progress"]
+    if args.checkpointing:
+        argv.append("--checkpointing")
+    if args.threads is not None:
+        argv += ["--threads", str(args.threads)]
+    if args.peak_flops is not None:
+        argv += ["--peak-flops", repr(args.peak_flops)]
+    if args.data:
+        argv += ["--data", args.data, "--data-dtype", args.data_dtype]
+    if args.bind_cores:
+        argv.append("--bind-cores")
+    for key, value in args.option:
+        argv += ["-o", f"{key}={json.dumps(value)}"]
+    return argv
+
+
+def launch_command(args: argparse.Namespace, nproc: int) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+            "-m", "superoffload", *child_argv(args)]
+
+
+TAIL = 4000
+
+
+def launch_ranks(args: argparse.Namespace, run: RunConfig) -> int:
+    """Run the ranks under torchrun, pass their output through, and leave a record at --out."""
+    from superoffload.harness.record import write_record
+    from superoffload.harness.runner import error_record
+
+    out = os.fspath(args.out)
+    if os.path.exists(out):
+        os.unlink(out)  # a stale record must not pass for this run's
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    # torchrun's default is 1 per rank (it prints a banner when it sets it); --threads and --bind-cores
+    # set the thread counts inside each rank
+    env["OMP_NUM_THREADS"] = str(args.threads or 1)
+    if os.path.isdir("/sys/class/net/lo"):
+        env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # every rank is on this host: gloo over loopback
+    cmd = launch_command(args, args.nproc)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    tail: list[str] = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        sys.stdout.write(line)
+        tail.append(line)
+        if len(tail) > 200:
+            del tail[:100]
+    rc = proc.wait()
+    if os.path.exists(out):
+        return rc
+    text = "".join(tail).strip()[-TAIL:] or "(no output)"
+    write_record(out, error_record(run, f"{args.nproc} ranks exited with {rc} without writing a record\n\n{text}"))
+    print(f"superoffload bench run: the ranks exited with {rc} and left no record; wrote an error record to {out}",
+          file=sys.stderr)
+    return 1
 
 
 def check_memory(run: RunConfig, shape: ModelShape, host_available: float | None = None,
@@ -214,7 +335,10 @@ def check_memory(run: RunConfig, shape: ModelShape, host_available: float | None
         _require(what, "device", on_device, device, why)
         _require(what, "host", mem.host_total, host, why)
     else:
-        _require(what, "host", on_device + mem.host_total, host, why + "; the device is the host")
+        # every rank of a CPU-only multi-rank run lives in this host's memory
+        ranks = max(1, run.world_size)
+        _require(what, "host", ranks * (on_device + mem.host_total), host,
+                 why + "; the device is the host" + (f", {ranks} ranks" if ranks > 1 else ""))
 
 
 def _require(what: str, memory: str, need: float, available: float, why: str) -> None:

@@ -4,6 +4,11 @@ Validate everything first (a bad value fails before any model is built), build t
 with a fixed seed, hand it to the system, run warm-up steps (excluded) and timed steps, synchronizing
 the device before every clock read, and write one schema-validated record. An out-of-memory failure
 is a result (status "oom"), as is any other exception (status "error"); neither crashes the caller.
+
+Several ranks (torchrun; ``bench run --nproc N``): each rank runs this same path on its own micro-batch
+under the default process group (gloo on CPU, NCCL on CUDA, with a collective timeout so a lost rank
+ends the job). At the end every rank's timing, host-step times, placement and status are gathered to
+rank 0 (``all_gather_object``), whose record carries them (``ranks``) with the aggregate throughput.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import importlib
 import logging
 import os
 import resource
+import statistics
 import time
 import traceback
 from collections.abc import Callable
@@ -21,7 +27,7 @@ from typing import Any
 import torch
 
 from superoffload.device import DEVICE_KINDS, get_device
-from superoffload.harness import flops, peak, provenance, record
+from superoffload.harness import flops, peak, placement, provenance, record
 from superoffload.harness.data import SyntheticData, TokenFileData
 from superoffload.harness.models import build_model, count_params, get_shape
 from superoffload.harness.stats import summarize
@@ -55,6 +61,8 @@ def validate_run(run: RunConfig) -> ModelShape:
         raise ValueError(f"betas must be in [0, 1), got {run.betas}")
     if run.threads is not None and run.threads < 1:
         raise ValueError(f"threads must be >= 1, got {run.threads}")
+    if run.host_threads is not None and run.host_threads < 1:
+        raise ValueError(f"host_threads must be >= 1, got {run.host_threads}")
     if not shape.learned_positions and run.seq > shape.max_seq:
         raise ValueError(f"seq {run.seq} exceeds {run.model}'s max positions {shape.max_seq}")
     if run.device == "cuda" and not torch.cuda.is_available():
@@ -90,11 +98,31 @@ def _dist_env() -> tuple[int, int]:
     return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
 
 
+# Every collective of a multi-rank run times out after this many seconds (default 600), so a rank that
+# died or hangs ends the job with an error instead of a silent wait (gloo's default is 30 minutes).
+DIST_TIMEOUT_ENV = "SUPEROFFLOAD_DIST_TIMEOUT_S"
+
+
+def dist_timeout() -> _dt.timedelta:
+    return _dt.timedelta(seconds=float(os.environ.get(DIST_TIMEOUT_ENV, "600")))
+
+
 def _init_distributed(device_type: str) -> None:
     import torch.distributed as dist
 
     if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
+        dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo", timeout=dist_timeout())
+
+
+def _place(run: RunConfig) -> dict[str, Any]:
+    """Bind this rank to its slice of the cores when asked (--bind-cores), else record where it may run.
+    The host optimizer gets the slice's threads minus one unless set explicitly."""
+    if not run.bind_cores:
+        return placement.current_placement()
+    p = placement.bind_this_rank()
+    if run.host_threads is None:
+        run.host_threads = p.host_threads
+    return p.to_dict()
 
 
 def _host_peak_rss() -> int:
@@ -113,8 +141,11 @@ def run_benchmark(run: RunConfig, progress: Callable[[int, int, float], None] | 
     shape = validate_run(run)
     rank, world = _dist_env()
     run.world_size = world
+    where = _place(run)  # before torch starts its thread pools: they inherit the binding
     if run.threads:
         torch.set_num_threads(run.threads)
+    elif run.bind_cores:
+        torch.set_num_threads(run.host_threads or 1)
     if world > 1 and run.device not in ("cpu", "host", "sim") and torch.cuda.is_available():
         # one GPU per rank: without this every torchrun rank would train on cuda:0
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
@@ -129,6 +160,7 @@ def run_benchmark(run: RunConfig, progress: Callable[[int, int, float], None] | 
                 "rank": rank},
         "timing": None, "losses": [], "throughput": None, "memory": {}, "telemetry": None,
         "system_stats": None, "rollbacks": None, "plan": None,
+        "world_size": world, "placement": where, "ranks": None,
         "provenance": provenance.collect(device.name()),
         "created_utc": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
     }
@@ -182,18 +214,98 @@ def run_benchmark(run: RunConfig, progress: Callable[[int, int, float], None] | 
         rec["rollbacks"] = rec["system_stats"].get("speculation")
         rec["plan"] = rec["system_stats"].get("plan")
     timed = times[run.warmup:]
+    tokens_per_rank = run.batch * run.grad_accum * run.seq
     if rec["status"] == "ok" and timed:
         rec["timing"] = {"step_times_s": timed, "warmup_times_s": times[: run.warmup], **summarize(timed)}
+    mine = _rank_entry(rec, rank, tokens_per_rank, where)
+    rec["ranks"] = [mine]
+    if world > 1:
+        _merge_ranks(rec, _gather(mine) if rec["status"] == "ok" else None)
+    if rec["status"] == "ok" and timed:
         peak_flops, source = peak.resolve_peak(device.torch_device, dtype, run.peak_flops)
-        tp = flops.throughput(shape, run.seq, run.batch * run.grad_accum * run.seq, rec["timing"]["median_s"],
-                              peak_flops, run.activation_checkpointing)
+        # the step ends when the slowest rank's does: per-device numbers use the slowest median
+        slowest = max(r["median_step_s"] for r in rec["ranks"])
+        tp = flops.throughput(shape, run.seq, tokens_per_rank, slowest, peak_flops, run.activation_checkpointing)
         rec["throughput"] = {
             "tokens_per_s": tp.tokens_per_s, "model_tflops": tp.model_tflops,
             "hardware_tflops": tp.hardware_tflops, "mfu": tp.mfu, "hfu": tp.hfu,
+            "aggregate_tokens_per_s": tp.tokens_per_s * world, "aggregate_model_tflops": tp.model_tflops * world,
             "peak_flops": peak_flops, "peak_flops_source": source,
             "model_flops_per_token": flops.model_flops_per_token(shape, run.seq),
             "hardware_flops_per_token": flops.hardware_flops_per_token(shape, run.seq,
                                                                        run.activation_checkpointing),
         }
+    record.validate(rec)
+    return rec
+
+
+def _time_s(stats: Any, key: str) -> float | None:
+    v = stats.get("time_s", {}).get(key) if isinstance(stats, dict) and isinstance(stats.get("time_s"), dict) else None
+    return float(v) if isinstance(v, (int, float)) else None
+
+
+def _rank_entry(rec: dict[str, Any], rank: int, tokens_per_rank: int, where: dict[str, Any]) -> dict[str, Any]:
+    """This rank's line of the record's ``ranks``: status, timing, throughput, host-step time, placement."""
+    timing = rec.get("timing") or {}
+    median = timing.get("median_s")
+    stats = rec.get("system_stats")
+    return {
+        "rank": rank, "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
+        "hostname_hash": rec["provenance"].get("hostname_hash"),
+        "status": rec["status"], "error": (rec["error"] or "").splitlines()[0] if rec["error"] else None,
+        "median_step_s": median, "tokens_per_s": tokens_per_rank / median if median else None,
+        # over all warm-up + timed steps, as the engine counts them (None for systems without the counter)
+        "host_step_s": _time_s(stats, "host_step_s"), "host_worker_busy_s": _time_s(stats, "host_worker_busy_s"),
+        "steps_counted": len(timing.get("step_times_s", [])) + len(timing.get("warmup_times_s", [])),
+        "peak_host_rss_bytes": rec["memory"].get("peak_host_rss_bytes"),
+        "peak_device_bytes": rec["memory"].get("peak_device_bytes"),
+        "cores": where.get("cores"), "numa_nodes": where.get("numa_nodes"), "bound": where.get("bound", False),
+        "host_threads": where.get("host_threads"),
+    }
+
+
+def _gather(mine: dict[str, Any]) -> list[dict[str, Any]] | str:
+    """Every rank's entry, in rank order, or the reason the gather failed."""
+    import torch.distributed as dist
+
+    try:
+        out: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(out, mine)
+        return [o for o in out if isinstance(o, dict)]
+    except Exception as e:  # noqa: BLE001 - a failed gather is reported, not raised
+        return f"{type(e).__name__}: {e}"
+
+
+def _merge_ranks(rec: dict[str, Any], gathered: list[dict[str, Any]] | str | None) -> None:
+    """Rank 0's view of all ranks; a rank that failed (or a gather that did) makes the record an error."""
+    if gathered is None:  # this rank failed: it does not wait for the others (torchrun ends them)
+        return
+    if isinstance(gathered, str):
+        rec["status"], rec["error"] = "error", f"gathering the ranks' results failed: {gathered}"
+        return
+    rec["ranks"] = sorted(gathered, key=lambda r: r["rank"])
+    bad = [r for r in rec["ranks"] if r["status"] != "ok"]
+    if bad and rec["status"] == "ok":
+        rec["status"] = "oom" if all(r["status"] == "oom" for r in bad) else "error"
+        rec["error"] = "; ".join(f"rank {r['rank']}: {r['status']}: {r['error']}" for r in bad)
+    if rec["status"] != "ok":
+        return
+    medians = [r["median_step_s"] for r in rec["ranks"]]
+    rec["timing"]["rank_median_spread_s"] = max(medians) - min(medians)
+    rec["timing"]["median_of_ranks_s"] = statistics.median(medians)
+
+
+def error_record(run: RunConfig, message: str) -> dict[str, Any]:
+    """A schema-valid error record for a run that produced none (e.g. its ranks died under --nproc)."""
+    shape = get_shape(run.model)
+    rec: dict[str, Any] = {
+        "schema_version": 1, "status": "error", "error": message, "system": run.system,
+        "model": _model_block(shape, shape.total_params()),
+        "run": {**run.to_dict(), "global_batch": run.global_batch, "tokens_per_step": run.tokens_per_step, "rank": 0},
+        "timing": None, "losses": [], "throughput": None, "memory": {}, "telemetry": None,
+        "system_stats": None, "rollbacks": None, "plan": None, "world_size": run.world_size, "ranks": None,
+        "provenance": provenance.collect("unknown"),
+        "created_utc": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+    }
     record.validate(rec)
     return rec

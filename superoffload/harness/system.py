@@ -36,7 +36,10 @@ class RunConfig:
     activation_checkpointing: bool = False
     threads: int | None = None  # host threads for torch and the host optimizer
     device: str = "auto"  # auto | cuda | cpu
-    world_size: int = 1
+    world_size: int = 1  # set by the runner from torchrun's WORLD_SIZE
+    # bind this rank's process to its own slice of the host's cores (superoffload.harness.placement)
+    bind_cores: bool = False
+    host_threads: int | None = None  # host optimizer threads (default: `threads`; --bind-cores: slice - 1)
     system_options: dict[str, Any] = field(default_factory=dict)  # system-specific knobs
     peak_flops: float | None = None  # override the peak used for MFU/HFU
     telemetry_interval_s: float = 0.1

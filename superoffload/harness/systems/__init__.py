@@ -17,6 +17,15 @@ SYSTEMS: dict[str, str] = {
 }
 
 
+# Systems that train on several ranks under torchrun (bench run --nproc): torch as DDP, the DeepSpeed
+# baselines and FSDP2 over the default process group, the engine sharded ZeRO-2 style.
+MULTI_RANK: frozenset[str] = frozenset(SYSTEMS)
+
+
+def supports_multi_rank(name: str) -> bool:
+    return name in MULTI_RANK
+
+
 def check_system(name: str) -> None:
     if name not in SYSTEMS:
         raise ValueError(f"unknown system {name!r}; choose one of: {', '.join(SYSTEMS)}")

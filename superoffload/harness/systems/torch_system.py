@@ -1,11 +1,15 @@
 """The reference system: plain PyTorch, everything on the device, no offload.
 
 fp32 params with torch's fused AdamW (the loss and speed reference); bf16/fp16 via autocast on the
-device (fp16 with a GradScaler), global-norm clipping when asked.
+device (fp16 with a GradScaler), global-norm clipping when asked. On several ranks (torchrun) the model
+is wrapped in ``torch.nn.parallel.DistributedDataParallel``: gradients are averaged across ranks during
+backward as DDP does (bucketed all-reduce, then / world size), earlier micro-batches of an accumulation
+window skip the all-reduce (``no_sync``), and every rank steps the same averaged gradients.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
@@ -67,6 +71,12 @@ class TorchSystem:
         self.model = model.to(self.device.torch_device)
         self.dtype = torch_dtype(run.dtype)
         self.autocast = run.dtype != "fp32"
+        self.world = world_size()
+        self.ddp = None
+        if self.world > 1:
+            # the runner initialised the default group (gloo on CPU, nccl on CUDA); one device per rank
+            ids = [torch.cuda.current_device()] if self.device.is_cuda else None
+            self.ddp = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
         self.opt = torch.optim.AdamW(split_decay_groups(self.model, run.weight_decay), lr=run.lr,
                                      betas=run.betas, eps=run.eps,
                                      fused=True)  # fused AdamW has a CPU kernel since torch 2.4
@@ -76,11 +86,15 @@ class TorchSystem:
         dev = self.device.torch_device
         total = torch.zeros((), device=dev)
         n = len(batch.inputs)
-        for x, y in zip(batch.inputs, batch.targets, strict=True):
+        fwd = self.ddp if self.ddp is not None else self.model
+        for i, (x, y) in enumerate(zip(batch.inputs, batch.targets, strict=True)):
             x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
-            with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.autocast):
-                loss = self.model(x, y) / n
-            self.scaler.scale(loss).backward()
+            # DDP all-reduces only on the last micro-batch of the window
+            sync = self.ddp.no_sync() if self.ddp is not None and i < n - 1 else contextlib.nullcontext()
+            with sync:
+                with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.autocast):
+                    loss = fwd(x, y) / n
+                self.scaler.scale(loss).backward()
             total += loss.detach()
         if self.run.grad_clip > 0:
             self.scaler.unscale_(self.opt)
@@ -91,8 +105,18 @@ class TorchSystem:
         return total
 
     def stats(self) -> dict[str, Any]:
-        return {"optimizer": "torch.optim.AdamW(fused=True)", "autocast": self.autocast,
-                "loss_scale": float(self.scaler.get_scale()) if self.scaler.is_enabled() else None}
+        out = {"optimizer": "torch.optim.AdamW(fused=True)", "autocast": self.autocast,
+               "loss_scale": float(self.scaler.get_scale()) if self.scaler.is_enabled() else None,
+               "world_size": self.world, "ddp": self.ddp is not None}
+        if self.ddp is not None:
+            out["backend"] = str(torch.distributed.get_backend())
+        return out
 
     def teardown(self) -> None:
-        del self.opt, self.model
+        del self.opt, self.model, self.ddp
+
+
+def world_size() -> int:
+    """Ranks of the default process group (1 when torch.distributed is not initialised)."""
+    dist = torch.distributed
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
