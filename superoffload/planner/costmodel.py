@@ -29,7 +29,7 @@ from superoffload.planner.memory import (
     activation_memory,
     engine_memory,
 )
-from superoffload.planner.schedule import COMPUTE, D2H, H2D, HOST, Graph, Schedule, simulate
+from superoffload.planner.schedule import COMPUTE, D2H, H2D, HOST, NET, Graph, Schedule, simulate
 from superoffload.planner.systems import Options, SystemSpec, system_spec
 from superoffload.shapes import ModelShape
 
@@ -43,6 +43,12 @@ class Workload:
     batch: int  # micro-batch (sequences)
     activation_checkpointing: bool = True
     dtype: str | None = None  # compute dtype; a profiled-compute entry must match it when given
+    chips: int = 1  # data-parallel ranks, one per chip, each with its own micro-batch and host
+    ranks_per_node: int | None = None  # None: as many as a node of the profile holds
+
+    def __post_init__(self) -> None:
+        if self.chips < 1 or (self.ranks_per_node is not None and self.ranks_per_node < 1):
+            raise ValueError(f"chips and ranks_per_node must be >= 1, got {self.chips}, {self.ranks_per_node}")
 
 
 @dataclass
@@ -69,6 +75,9 @@ class Prediction:
     memory: dict[str, Any] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    # several chips: tokens_per_s, tflops, mfu, hfu, memory and step are per chip; these are the totals
+    chips: int = 1
+    aggregate_tokens_per_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -99,6 +108,7 @@ class _Costs:
             self.fwd_layer += ov.block_forward_overhead_s(w.shape, hw)
             self.fwd_head += ov.top_forward_overhead_s(w.shape, hw)
         self.bwd_head = 2 * self.fwd_head
+        self.world, self.ranks_per_node = w.chips, w.ranks_per_node
         self.profiled = profiled_compute(w, hw)
         if self.profiled is not None:
             p = self.profiled
@@ -116,6 +126,9 @@ class _Costs:
 
     def device_cast(self, params: float) -> float:
         return self.hw.cast_seconds(params, on_host=False)
+
+    def collective(self, kind: str, nbytes: float) -> float:
+        return self.hw.collective_seconds(kind, nbytes, self.world, self.ranks_per_node)
 
     def device_copy(self, params: float) -> float:
         """An fp32 copy on the device: 4 B read + 4 B written per param at the device's copy rate."""
@@ -200,25 +213,41 @@ class _Builder:
         bucket = w.shape.block_params() if spec.all_layers_stream else spec.bucket_size
         self.groups = bk.bucket_groups(w.shape, bucket, spec.device_tail_buckets)
         self.layers = w.shape.layers
-        self.stream = set(range(self.layers)) if spec.all_layers_stream else set(spec.flow_layers)
+        self.world = max(1, spec.world)
+        # the share of a bucket (or layer) this rank's optimizer owns
+        self.shard = 1.0 / self.world if spec.shard_optimizer else 1.0
+        self.gathered = set(range(self.layers)) if (spec.gather_per_layer and self.world > 1) else set()
+        self.stream = (set(range(self.layers)) if spec.all_layers_stream else set(spec.flow_layers)) | self.gathered
         self.marks: list[_IterMarks] = []
         # SuperOffload on a device that is the host: the bucket's landing buffer is its gradient buffer
         # and the parameters are views of the upload buffer (engine/bucket.py), so nothing crosses a "link"
-        # (except an fp32 upload that the device then casts)
-        self.link_aliased = hw.device_is_host and spec.name == "superoffload"
+        # (except an fp32 upload that the device then casts); with several ranks the reduced shard lands
+        # in a buffer of its own
+        self.link_aliased = hw.device_is_host and spec.name == "superoffload" and self.world == 1
+        self._norm_ops = []
 
     # weight fetch for a streamed layer, honouring the prefetch buffer slots
     def _fetch(self, it: int, layer: int, deps: list[int], slot_users: list[int], tag: str) -> list[int]:
+        """A streamed layer's weights before its use: H2D of the host copy (of this rank's shard with
+        several ranks) [+ device cast], then with several ranks an all-gather of the layer; a ZeRO-3
+        partitioned layer (gather_per_layer) only needs the all-gather."""
         spec = self.spec
         params = self.w.shape.block_params()
         slots = spec.flow_prefetch + 1  # the layer in use and those fetched ahead
         slot_free = slot_users[-slots] if len(slot_users) >= slots else None
-        t = self.costs.link("h2d", params, spec.fetch_bytes, 1)
-        f = self.graph.add(f"it{it}.fetch_{tag}{layer}", H2D, t, deps + [slot_free], "weight_fetch", it)
-        if spec.fetch_device_cast:
-            t_cast = self.costs.device_cast(params)
-            f = self.graph.add(f"it{it}.fetchcast{layer}", COMPUTE, t_cast, [f], "device_cast", it)
-        return [f]
+        before = deps + [slot_free]
+        if layer not in self.gathered:
+            shard = params / self.world if self.world > 1 else params
+            t = self.costs.link("h2d", shard, spec.fetch_bytes, 1)
+            f = self.graph.add(f"it{it}.fetch_{tag}{layer}", H2D, t, before, "weight_fetch", it)
+            if spec.fetch_device_cast:
+                t_cast = self.costs.device_cast(shard)
+                f = self.graph.add(f"it{it}.fetchcast{layer}", COMPUTE, t_cast, [f], "device_cast", it)
+            before = [f]
+        if self.world > 1:
+            t = self.costs.collective("all_gather", params * (spec.param_gather_bytes or spec.fetch_bytes))
+            before = [self.graph.add(f"it{it}.gather_{tag}{layer}", NET, t, before, "all_gather", it)]
+        return before
 
     def build(self, iterations: int = ITERATIONS) -> Graph:
         graph = self.graph
@@ -235,8 +264,12 @@ class _Builder:
                 prev = self._forward(it, prev_compute, waits if first else _no_waits, slot_users, marks, first)
                 prev_compute = self._backward(it, prev, slot_users, micro == self.spec.grad_accum - 1, iter_ops)
             marks.last_backward = prev_compute
-            # validation: global norm / finite flag from every bucket's partials
-            validate = graph.barrier(f"it{it}.validate", [prev_compute] + self._norm_ops, it)
+            # validation: global norm / finite flag from every bucket's partials (all-reduced across ranks)
+            check = [prev_compute] + self._norm_ops
+            if self.world > 1 and self.spec.step_allreduce:
+                t = self.costs.collective("all_reduce", 16.0)
+                check = [graph.add(f"it{it}.norm_allreduce", NET, t, check, "all_reduce", it)]
+            validate = graph.barrier(f"it{it}.validate", check, it)
             unit_ready, step_ops = self._finish_buckets(it, validate)
             step_done = graph.barrier(f"it{it}.step_done", [validate] + step_ops, it)
             marks.end = graph.barrier(f"it{it}.end", [step_done] + iter_ops, it)
@@ -317,11 +350,22 @@ class _Builder:
             emitted += 1
         return emitted
 
+    def _reduce(self, it: int, j: int, last: int, n: float) -> int:
+        """With several ranks: the bucket's gradient reduced across them (reduce-scatter, or DDP's
+        all-reduce) on the network, in bucket order."""
+        spec = self.spec
+        if self.world <= 1 or spec.grad_reduce is None:
+            return last
+        t = self.costs.collective(spec.grad_reduce, n * spec.grad_reduce_bytes)
+        op = self.graph.add(f"it{it}.{spec.grad_reduce}{j}", NET, t, [last], spec.grad_reduce, it)
+        self._norm_ops.append(op)
+        return op
+
     def _grad_path(self, it: int, j: int, ready: int) -> dict[str, Any]:
         spec, graph, costs, group = self.spec, self.graph, self.costs, self.groups[j]
         n, real = group.params, group.real_buckets
         if group.on_device or spec.device_only:
-            return {"j": j, "ready": ready, "device": True}
+            return {"j": j, "ready": self._reduce(it, j, ready, n), "device": True}
         last = ready
         if spec.grad_device_cast:
             last = graph.add(f"it{it}.gcast{j}", COMPUTE, costs.device_cast(n), [last], "device_cast", it)
@@ -329,11 +373,13 @@ class _Builder:
         elif spec.grad_device_copy:
             last = graph.add(f"it{it}.gcopy{j}", COMPUTE, costs.device_copy(n), [last], "device_copy", it)
             self._norm_ops.append(last)
+        last = self._reduce(it, j, last, n)
+        shard = n * self.shard
         if not self.link_aliased:
-            t = costs.link("d2h", n, spec.grad_d2h_bytes, real)
+            t = costs.link("d2h", shard, spec.grad_d2h_bytes, real)
             last = graph.add(f"it{it}.d2h{j}", D2H, t, [last], "d2h", it)
         if spec.grad_host_cast:
-            last = graph.add(f"it{it}.hcast{j}", HOST, costs.host_cast(n), [last], "host_cast", it)
+            last = graph.add(f"it{it}.hcast{j}", HOST, costs.host_cast(shard), [last], "host_cast", it)
         return {"j": j, "ready": last, "device": False}
 
     # -- host step, commit, parameter return, device tail -----------------------------------------
@@ -353,21 +399,23 @@ class _Builder:
         adams: list[tuple[int, int]] = []
         for p in self._pending:
             group = self.groups[p["j"]]
+            shard = group.params * self.shard
             if p["device"]:
                 t = (group.params * ADAM_BYTES_PER_PARAM / (ov.torch_adam_gbps(hw) * 1e9) if spec.device_only
-                     else hw.device_adam_seconds(group.params))
+                     else hw.device_adam_seconds(shard))
                 op = graph.add(f"it{it}.dadam{p['j']}", COMPUTE, t, [p["ready"], validate], "device_adam", it)
+                op = self._gather_weights(it, f"d{p['j']}", op, group.params)
                 for unit, _ in group.pieces:
                     unit_ready.setdefault(unit, []).append(op)
                 step_ops.append(op)
                 continue
             deps = [p["ready"]] + ([validate] if spec.host_waits_backward else [])
-            t = (hw.host_adam_seconds(group.params, spec.host_optimizer, spec.spec_extra_bytes)
+            t = (hw.host_adam_seconds(shard, spec.host_optimizer, spec.spec_extra_bytes)
                  + group.real_buckets * hw.sync_latency_s)
             adam = graph.add(f"it{it}.hadam{p['j']}", HOST, t, deps, "host_adam", it)
             step_ops.append(adam)
             if spec.commit_bytes:
-                commit_t = group.params * spec.commit_bytes / (hw.host_adam_gbps[spec.host_optimizer] * 1e9)
+                commit_t = shard * spec.commit_bytes / (hw.host_adam_gbps[spec.host_optimizer] * 1e9)
                 step_ops.append(graph.add(f"it{it}.commit{p['j']}", HOST, commit_t, [adam, validate],
                                           "host_commit", it))
             adams.append((p["j"], adam))
@@ -385,20 +433,23 @@ class _Builder:
             resident = group.params - streamed
             last = adam
             if spec.return_host_cast:
-                last = graph.add(f"it{it}.rcast{j}", HOST, costs.host_cast(group.params), [last], "host_cast", it)
+                t = costs.host_cast(group.params * self.shard)
+                last = graph.add(f"it{it}.rcast{j}", HOST, t, [last], "host_cast", it)
             for unit, _ in group.pieces:
                 if self._is_streamed(unit):
                     unit_ready.setdefault(unit, []).append(last)  # next fetch reads the host copy
             if spec.return_bytes and resident and not (self.link_aliased and not spec.return_device_cast):
                 deps = [last, validate] + ([all_adams] if spec.return_after_all else [])
-                t = costs.link("h2d", resident, spec.return_bytes, group.real_buckets, pageable=spec.return_pageable)
+                mine = resident * self.shard  # with several ranks each returns its shard
+                t = costs.link("h2d", mine, spec.return_bytes, group.real_buckets, pageable=spec.return_pageable)
                 last = graph.add(f"it{it}.h2d{j}", H2D, t, deps, "h2d", it)
                 if spec.return_pageable:
                     # a pageable copy is staged by the calling host thread: it blocks the host pool too
                     step_ops.append(graph.add(f"it{it}.h2dwait{j}", HOST, t, deps, "host_copy_wait", it))
                 if spec.return_device_cast:
-                    t = costs.device_cast(resident)
+                    t = costs.device_cast(mine)
                     last = graph.add(f"it{it}.rdcast{j}", COMPUTE, t, [last], "device_cast", it)
+                last = self._gather_weights(it, str(j), last, resident)
                 for unit, _ in group.pieces:
                     if not self._is_streamed(unit):
                         unit_ready.setdefault(unit, []).append(last)
@@ -409,6 +460,15 @@ class _Builder:
                         if not self._is_streamed(unit):
                             unit_ready.setdefault(unit, []).append(last)
                 step_ops.append(last)
+
+    def _gather_weights(self, it: int, tag: str, last: int, params: float) -> int:
+        """With several ranks: the updated weights of a bucket all-gathered after the rank's shard is back
+        (systems whose weights stay partitioned gather per layer instead, in ``_fetch``)."""
+        spec = self.spec
+        if self.world <= 1 or not spec.param_gather_bytes or spec.gather_per_layer or spec.all_layers_stream:
+            return last
+        t = self.costs.collective("all_gather", params * spec.param_gather_bytes)
+        return self.graph.add(f"it{it}.all_gather{tag}", NET, t, [last], "all_gather", it)
 
     def _step_overheads(self, it: int, validate: int, step_ops: list[int]) -> list[int]:
         """Per-step framework work after backward: torch.optim's per-tensor loop and clipping (systems
@@ -455,9 +515,11 @@ def estimate_memory(w: Workload, hw: HardwareProfile, spec: SystemSpec, opts: Op
     m.host["reserve"] = hw.host_reserve_bytes
     if spec.grad_accum > 1 and not spec.device_only:
         m.device["grad_accum_buffer"] = BF16 * n
+    world = max(1, spec.world)
+    shard = 1.0 / world if spec.shard_optimizer else 1.0  # the share of the state this rank holds
     if spec.name == "superoffload":
         # the engine's own allocations, as its memory ledger counts them (memory.engine_memory)
-        mem = engine_memory(sh, w.seq, w.batch, w.activation_checkpointing, engine_memory_input(opts, hw))
+        mem = engine_memory(sh, w.seq, w.batch, w.activation_checkpointing, engine_memory_input(opts, hw, world))
         mem.device["reserve"] = hw.device_reserve_bytes
         mem.host["reserve"] = hw.host_reserve_bytes
         return mem
@@ -467,6 +529,8 @@ def estimate_memory(w: Workload, hw: HardwareProfile, spec: SystemSpec, opts: Op
         m.device["grads_fp32"] = FP32 * n
         m.device["adam_mv"] = 2 * FP32 * n
         m.device["autocast_bf16_weights"] = BF16 * n
+        if world > 1:
+            m.device["ddp_gradient_buckets"] = FP32 * n  # DDP's buckets keep a second copy of the grads
         return m
     _, tail = bk.split_params(sh, spec.device_tail_buckets, spec.bucket_size)
     streamed = layer * len(spec.flow_layers)
@@ -474,24 +538,31 @@ def estimate_memory(w: Workload, hw: HardwareProfile, spec: SystemSpec, opts: Op
         # two layers in flight: fp32 staging + bf16 copy, plus one layer's fp32 and bf16 grads
         m.device["layer_buffers"] = (spec.flow_prefetch + 1) * layer * (FP32 + BF16) + layer * (FP32 + BF16)
         m.device["params_bf16_resident"] = BF16 * (n - layer * sh.layers)  # embedding/head stay
-        m.host["params_fp32"] = FP32 * n
-        m.host["grads_fp32"] = FP32 * n
-        m.host["adam_mv"] = 2 * FP32 * n
+        m.host["params_fp32"] = FP32 * n * shard
+        m.host["grads_fp32"] = FP32 * n * shard
+        m.host["adam_mv"] = 2 * FP32 * n * shard
         return m
-    m.device["params_bf16"] = BF16 * (n - streamed)
+    if spec.gather_per_layer and world > 1:
+        # ZeRO-3 partitions: this rank's share of the weights, plus the gathered layers in flight (the
+        # embedding, gathered like a layer, when it is larger)
+        biggest = max(layer, sh.embedding_params())
+        m.device["params_bf16"] = BF16 * n * shard
+        m.device["gathered_params"] = (spec.flow_prefetch + 1) * BF16 * biggest
+    else:
+        m.device["params_bf16"] = BF16 * (n - streamed)
     if streamed:
         # the engine holds at most 1 + flow_prefetch flowed blocks at once, never more than flow
         # (its weight_flow stats: peak_resident_blocks)
         m.device["flow_prefetch_slots"] = flow_slots(spec.flow_prefetch, len(spec.flow_layers)) * BF16 * layer
         m.host["flow_bf16_copy"] = BF16 * streamed
-    m.device["tail_optimizer_state"] = (ADAM_STATE + BF16) * tail
+    m.device["tail_optimizer_state"] = (ADAM_STATE + BF16) * tail * shard
     bucket = min(spec.bucket_size, n)
     m.device["layer_grads_bf16"] = BF16 * layer  # a block's grads before they are bucketed
     in_flight = 2  # buckets being cast / copied at once
     m.device["grad_staging"] = in_flight * bucket * (BF16 + (FP32 if spec.grad_device_cast else 0))
     if spec.return_device_cast:
         m.device["return_staging"] = in_flight * bucket * FP32
-    host_params = n - tail
+    host_params = (n - tail) * shard
     m.host["master_m_v"] = ADAM_STATE * host_params
     # gradients stay on the host until the optimizer step
     m.host["grads_fp32"] = FP32 * host_params
@@ -513,7 +584,7 @@ def predict(system: str, w: Workload, hw: HardwareProfile, opts: Options | None 
     """Predicted steady-state step of ``system`` on ``hw``; ``fits`` says whether memory allows it."""
     opts = opts or Options()
     sh = w.shape
-    spec = system_spec(system, opts, sh.total_params())
+    spec = system_spec(system, opts, sh.total_params(), world=w.chips)
     b = _Builder(w, hw, spec)
     graph = b.build()
     sched = simulate(graph)
@@ -542,6 +613,9 @@ def _summarise(system: str, w: Workload, hw: HardwareProfile, opts: Options, spe
     else:
         fits = mem.device_total <= budget and mem.host_total <= host_cap
     stages = {k: v for k, v in sched.kind_time(it).items() if v > 0}
+    notes = list(spec.notes)
+    if w.chips > 1 and not hw.has_interconnect():
+        notes.append(f"{hw.name} has no interconnect bandwidths: the collectives of {w.chips} chips cost nothing here")
     return Prediction(
         system=system, model=sh.name, params=sh.total_params(), seq=w.seq, batch=w.batch,
         grad_accum=spec.grad_accum, hardware=hw.name, step_time_s=period, gpu_busy_s=busy,
@@ -554,5 +628,6 @@ def _summarise(system: str, w: Workload, hw: HardwareProfile, opts: Options, spe
                  "flow_layers": sorted(spec.flow_layers),
                  "grad_cast": "device" if spec.grad_device_cast else ("host" if spec.grad_host_cast else None),
                  "activation_checkpointing": w.activation_checkpointing,
-                 "compute": "profiled" if b.costs.profiled is not None else "op-model"},
-        notes=list(spec.notes))
+                 "compute": "profiled" if b.costs.profiled is not None else "op-model",
+                 **({"chips": w.chips, "ranks_per_node": w.ranks_per_node} if w.chips > 1 else {})},
+        notes=notes, chips=w.chips, aggregate_tokens_per_s=tokens / period * w.chips)

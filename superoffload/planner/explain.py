@@ -19,12 +19,12 @@ def _shape(model: str | ModelShape) -> ModelShape:
 
 def explain(model: str | ModelShape, seq: int, batch: int, hardware: str | Path = "gh200",
             activation_checkpointing: bool = True, json: bool = False,
-            hbm_budget: float | None = None) -> str:
-    """The plan as text (or JSON with ``json=True``)."""
+            hbm_budget: float | None = None, chips: int = 1, ranks_per_node: int | None = None) -> str:
+    """The plan as text (or JSON with ``json=True``) for one rank of ``chips`` data-parallel ranks."""
     shape = _shape(model)
     hw = get_profile(hardware)
     plan = make_plan(shape, seq, batch, hw, activation_checkpointing=activation_checkpointing,
-                     hbm_budget=hbm_budget)
+                     hbm_budget=hbm_budget, chips=chips, ranks_per_node=ranks_per_node)
     if json:
         return jsonlib.dumps({"plan": plan.to_dict(), "hardware": hw.to_dict()}, indent=2, sort_keys=True)
     return format_plan(plan, shape)
@@ -46,9 +46,11 @@ def _ranges(xs: list[int]) -> str:
 
 def format_plan(plan: Plan, shape: ModelShape) -> str:
     p = plan.predicted
+    chips = getattr(plan, "chips", 1)
+    on = f"{chips} x {plan.hardware} (micro-batch per chip)" if chips > 1 else plan.hardware
     lines = [
         f"Plan for {shape.name} ({shape.total_params() / 1e9:.2f}B params), seq {plan.seq}, "
-        f"micro-batch {plan.batch}, on {plan.hardware}"
+        f"micro-batch {plan.batch}, on {on}"
         f"{'' if plan.activation_checkpointing else ' (no activation checkpointing)'}",
         "",
         f"  bucket_size          {plan.bucket_size:,} elements "
@@ -66,8 +68,10 @@ def format_plan(plan: Plan, shape: ModelShape) -> str:
         lines += [
             "",
             "Predicted (steady state, one optimizer step):",
-            f"  step time            {p.step_time_s * 1e3:.1f} ms ({p.tokens_per_s:,.0f} tokens/s)",
-            f"  model TFLOPS         {p.tflops:.0f} (MFU {p.mfu:.1%}, HFU {p.hfu:.1%})",
+            f"  step time            {p.step_time_s * 1e3:.1f} ms ({p.tokens_per_s:,.0f} tokens/s"
+            + (f" per chip, {p.tokens_per_s * chips:,.0f} over {chips} chips)" if chips > 1 else ")"),
+            f"  model TFLOPS         {p.tflops:.0f}{' per chip' if chips > 1 else ''} "
+            f"(MFU {p.mfu:.1%}, HFU {p.hfu:.1%})",
             f"  device busy / idle   {p.gpu_busy_s * 1e3:.1f} / {p.gpu_idle_s * 1e3:.1f} ms; "
             f"exposed tail {p.tail_s * 1e3:.1f} ms",
             f"  peak HBM             {p.peak_hbm_bytes / GB:.1f} GB of "
@@ -84,14 +88,17 @@ def format_plan(plan: Plan, shape: ModelShape) -> str:
 def _run(args: argparse.Namespace) -> int:
     """Every user error is one line on stderr and exit status 2."""
     try:
-        for name in ("seq", "batch"):
+        for name in ("seq", "batch", "chips"):
             if getattr(args, name) < 1:
                 raise ValueError(f"--{name} must be a positive integer, got {getattr(args, name)}")
+        if args.ranks_per_node is not None and not args.ranks_per_node >= 1:
+            raise ValueError(f"--ranks-per-node must be a positive integer, got {args.ranks_per_node}")
         if args.hbm_budget_gb is not None and not args.hbm_budget_gb > 0:
             raise ValueError(f"--hbm-budget-gb must be > 0, got {args.hbm_budget_gb}")
         text = explain(args.model, args.seq, args.batch, args.hardware,
                        activation_checkpointing=not args.no_checkpointing, json=args.json,
-                       hbm_budget=args.hbm_budget_gb * GB if args.hbm_budget_gb else None)
+                       hbm_budget=args.hbm_budget_gb * GB if args.hbm_budget_gb else None,
+                       chips=args.chips, ranks_per_node=args.ranks_per_node)
     except PlanInfeasible as e:
         return _fail("infeasible", e)
     except ValueError as e:  # unknown model or hardware, a bad profile file, a bad number
@@ -116,4 +123,9 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("--no-checkpointing", action="store_true", help="disable activation checkpointing")
     p.add_argument("--hbm-budget-gb", type=float, default=None, help="override the device memory budget")
+    p.add_argument("--chips", type=int, default=1,
+                   help="data-parallel ranks, one per chip, each with its own micro-batch (default 1); each "
+                        "host holds 1/chips of the optimizer state; collectives are charged per link class")
+    p.add_argument("--ranks-per-node", type=int, default=None,
+                   help="chips per node in the layout (default: as many as a node of the profile holds)")
     p.set_defaults(func=_run)

@@ -40,6 +40,8 @@ CAST_BYTES_PER_ELEM = 6  # bf16 <-> fp32: 2 bytes one side, 4 the other
 # for one more release; docs/cost_model.md, "Field names").
 LEGACY_HOST_OPTIMIZERS = {"graceadam": "grace"}
 
+COLLECTIVES = ("reduce_scatter", "all_gather", "all_reduce")
+
 # Transfer sizes the presets and the calibration tabulate (1 MiB .. 1 GiB, factors of 4).
 CURVE_SIZES = [MB * 4**i for i in range(6)]
 
@@ -150,6 +152,16 @@ class HardwareProfile:
     # model, with the shape signature and dtype they were measured at. Used instead of the op-level terms
     # for a workload whose shape and dtype match; None in the presets.
     compute_profiles: dict[str, dict[str, Any]] | None = None
+    # Several chips (data parallel, one rank per chip): collectives are rings over the ranks, charged
+    # alpha + (W-1)/W x bytes / bandwidth per rank (docs/cost_model.md, "Several chips"). Bandwidths are
+    # per rank and per direction: `intra_node_gbps` between chips of one node (NVLink), `inter_node_gbps`
+    # once the ring leaves the node (each chip's own NIC); latencies are per ring step. None: the profile
+    # has no interconnect numbers and multi-chip predictions charge no communication (and say so).
+    chips_per_node: int = 1
+    intra_node_gbps: float | None = None
+    inter_node_gbps: float | None = None
+    intra_node_latency_s: float = 5e-6
+    inter_node_latency_s: float = 10e-6
 
     # --- derived rates ---------------------------------------------------------------------------
     def host_adam_seconds(self, params: float, host_optimizer: str, extra_bytes_per_param: float = 0.0) -> float:
@@ -167,6 +179,29 @@ class HardwareProfile:
     def cast_seconds(self, elems: float, on_host: bool) -> float:
         gbps = self.host_cast_gbps if on_host else self.device_cast_gbps
         return elems * CAST_BYTES_PER_ELEM / (gbps * GB)
+
+    def has_interconnect(self) -> bool:
+        return self.intra_node_gbps is not None and self.inter_node_gbps is not None
+
+    def collective_seconds(self, kind: str, nbytes: float, world: int, ranks_per_node: int | None = None) -> float:
+        """One ring collective over ``world`` ranks; ``nbytes`` is the whole buffer (the gathered output
+        of an all-gather, the input of a reduce-scatter, the tensor of an all-reduce).
+
+        reduce-scatter / all-gather: (W-1) steps of latency + (W-1)/W x nbytes / bandwidth per rank;
+        all-reduce: twice that (a reduce-scatter then an all-gather). The ring crosses nodes when the
+        ranks do not fit in one node (``ranks_per_node`` of them per node, default as many as a node
+        holds), and is then limited by the inter-node bandwidth. 0 for one rank, or when the profile has
+        no interconnect numbers."""
+        if kind not in COLLECTIVES:
+            raise ValueError(f"collective must be one of {', '.join(COLLECTIVES)}, not {kind!r}")
+        if world <= 1 or nbytes <= 0 or not self.has_interconnect():
+            return 0.0
+        per_node = ranks_per_node or min(world, max(1, self.chips_per_node))
+        across = math.ceil(world / per_node) > 1
+        gbps = min(self.intra_node_gbps, self.inter_node_gbps) if across else self.intra_node_gbps  # type: ignore[type-var]
+        latency = self.inter_node_latency_s if across else self.intra_node_latency_s
+        one = (world - 1) * latency + (world - 1) / world * nbytes / (gbps * GB)  # type: ignore[operator]
+        return 2 * one if kind == "all_reduce" else one
 
     def link(self, direction: str, pinned: bool = True) -> Curve:
         if direction not in ("h2d", "d2h"):

@@ -69,6 +69,8 @@ class Plan:
     flow_prefetch: int = 1  # what the memory estimate assumed (the engine's default)
     predicted: Prediction | None = None
     reasons: list[str] = field(default_factory=list)
+    chips: int = 1  # data-parallel ranks the plan is for (one per chip; the engine shards over them)
+    ranks_per_node: int | None = None
 
     def engine_options(self, precision: str = "bf16") -> dict[str, Any]:
         """The plan as engine config keys and values, to merge over the engine's defaults. With fp32
@@ -120,9 +122,9 @@ def _legacy_plan_fields(d: dict[str, Any]) -> dict[str, Any]:
     return d
 
 
-def _check_workload(seq: int, batch: int, grad_accum: int) -> None:
-    for name, value in (("seq", seq), ("batch", batch), ("grad_accum", grad_accum)):
-        if not isinstance(value, int) or value < 1:
+def _check_workload(seq: int, batch: int, grad_accum: int, chips: int = 1) -> None:
+    for name, value in (("seq", seq), ("batch", batch), ("grad_accum", grad_accum), ("chips", chips)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
@@ -147,20 +149,24 @@ def saturating_bucket_bytes(hw: HardwareProfile, share: float = LINK_SATURATION)
 
 def make_plan(shape: ModelShape, seq: int, batch: int, hardware: HardwareProfile,
               activation_checkpointing: bool = True, hbm_budget: float | None = None,
-              grad_accum: int = 1, host_optimizer: str | None = None) -> Plan:
-    """Choose flow layers, bucket size, device tail, casting and rollback mode."""
-    _check_workload(seq, batch, grad_accum)
+              grad_accum: int = 1, host_optimizer: str | None = None, chips: int = 1,
+              ranks_per_node: int | None = None) -> Plan:
+    """Choose flow layers, bucket size, device tail, casting and rollback mode for one rank of ``chips``
+    data-parallel ranks (each its own micro-batch ``batch``; its host holds 1/chips of the state)."""
+    _check_workload(seq, batch, grad_accum, chips)
     hw = hardware
-    w = Workload(shape, seq, batch, activation_checkpointing)
+    w = Workload(shape, seq, batch, activation_checkpointing, chips=chips, ranks_per_node=ranks_per_node)
     budget = float(hw.device_hbm_bytes if hbm_budget is None else hbm_budget)
     n = shape.total_params()
     reasons: list[str] = []
     kind = host_optimizer or best_host_optimizer(hw)
     reasons.append(f"Host Adam kernel: {kind} at {hw.host_adam_gbps[kind]:.0f} GB/s effective "
                    f"({hw.host_adam_gbps[kind] * 1e9 / 28 / 1e9:.2f} Gparam/s at 28 B/param).")
+    if chips > 1:
+        reasons.append(_chips_reason(w, hw))
 
     # 1. bucket size from the link curve, bounded by pipelining and staging memory
-    bucket = _choose_bucket(n, hw, budget, reasons)
+    bucket = _choose_bucket(n, hw, budget, reasons, chips)
 
     # 2. host memory and rollback mode
     opts = Options(bucket_size=bucket, host_optimizer=kind, grad_accum=grad_accum)
@@ -193,21 +199,39 @@ def make_plan(shape: ModelShape, seq: int, batch: int, hardware: HardwareProfile
                 activation_checkpointing=activation_checkpointing, bucket_size=bucket,
                 device_tail_buckets=tail, grad_cast=cast, param_cast=cast, flow_layers=list(flow),
                 host_optimizer=kind, rollback_mode=rollback, speculation=speculation, hbm_budget_bytes=budget,
-                grad_accum=grad_accum, flow_prefetch=opts.flow_prefetch, predicted=pred, reasons=reasons)
+                grad_accum=grad_accum, flow_prefetch=opts.flow_prefetch, predicted=pred, reasons=reasons,
+                chips=chips, ranks_per_node=ranks_per_node)
 
 
-def _choose_bucket(params: int, hw: HardwareProfile, budget: float, reasons: list[str]) -> int:
+def _chips_reason(w: Workload, hw: HardwareProfile) -> str:
+    per_node = w.ranks_per_node or min(w.chips, max(1, hw.chips_per_node))
+    nodes = math.ceil(w.chips / per_node)
+    if not hw.has_interconnect():
+        return (f"Chips: {w.chips} data-parallel ranks; {hw.name} has no interconnect numbers, so their "
+                "collectives are not charged.")
+    across = nodes > 1
+    gbps = min(hw.intra_node_gbps, hw.inter_node_gbps) if across else hw.intra_node_gbps  # type: ignore[type-var]
+    return (f"Chips: {w.chips} data-parallel ranks ({per_node} per node, {nodes} node{'s' if nodes > 1 else ''}); "
+            f"each host holds 1/{w.chips} of the fp32 master and Adam state and steps it; per bucket a fp32 "
+            f"reduce-scatter and an all-gather of the weights, per step one all-reduce of the norm, over "
+            f"{'the inter-node network' if across else 'the intra-node links'} at {gbps:.0f} GB/s per rank.")
+
+
+def _choose_bucket(params: int, hw: HardwareProfile, budget: float, reasons: list[str], chips: int = 1) -> int:
     """Elements per bucket: the smallest copy that saturates the link, capped so there are at least
-    MIN_BUCKETS buckets to pipeline and the staging buffers stay under STAGING_SHARE of the HBM budget."""
+    MIN_BUCKETS buckets to pipeline and the staging buffers stay under STAGING_SHARE of the HBM budget.
+    With several chips a rank copies 1/chips of each bucket, so the bucket is chips times larger for the
+    copied shard to reach the same size (within the same caps)."""
     sat = saturating_bucket_bytes(hw)
-    bucket = max(1, sat // 4)  # fp32 gradient elements (device-cast policy moves 4 B/param)
+    bucket = max(1, sat // 4) * chips  # fp32 gradient elements (device-cast policy moves 4 B/param)
     bound_pipe = max(1, params // MIN_BUCKETS)
     bound_mem = max(1, int(STAGING_SHARE * budget / (2 * (BF16 + 4) + 2 * 4)))
     chosen = min(bucket, bound_pipe, bound_mem)
+    shard = f" (x{chips} chips: each rank copies a 1/{chips} shard)" if chips > 1 else ""
     reasons.append(
         f"Bucket: {sat / MB:.0f} MiB is the smallest copy reaching {LINK_SATURATION:.0%} of the link peak "
         f"(D2H {hw.link('d2h').peak():.0f} GB/s, {hw.link('d2h').bandwidth(sat):.0f} GB/s at that size) "
-        f"= {bucket / 1e6:.1f}M fp32 params"
+        f"= {bucket / 1e6:.1f}M fp32 params{shard}"
         + (f"; capped to {chosen / 1e6:.1f}M so there are >= {MIN_BUCKETS} buckets and staging stays "
            f"under {STAGING_SHARE:.0%} of HBM" if chosen < bucket else "") + ".")
     return chosen
@@ -233,13 +257,13 @@ def _choose_cast(w: Workload, hw: HardwareProfile, opts: Options, reasons: list[
 
 def check_feasible(shape: ModelShape, seq: int, batch: int, hardware: HardwareProfile,
                    activation_checkpointing: bool = True, hbm_budget: float | None = None,
-                   grad_accum: int = 1) -> None:
+                   grad_accum: int = 1, chips: int = 1, ranks_per_node: int | None = None) -> None:
     """Raise PlanInfeasible if no plan fits memory (the memory half of ``make_plan``, no simulation)."""
-    _check_workload(seq, batch, grad_accum)
+    _check_workload(seq, batch, grad_accum, chips)
     hw = hardware
-    w = Workload(shape, seq, batch, activation_checkpointing)
+    w = Workload(shape, seq, batch, activation_checkpointing, chips=chips, ranks_per_node=ranks_per_node)
     budget = float(hw.device_hbm_bytes if hbm_budget is None else hbm_budget)
-    bucket = min(max(1, saturating_bucket_bytes(hw) // 4), max(1, shape.total_params() // MIN_BUCKETS))
+    bucket = min(max(1, saturating_bucket_bytes(hw) // 4) * chips, max(1, shape.total_params() // MIN_BUCKETS))
     opts = Options(bucket_size=bucket, host_optimizer=best_host_optimizer(hw), grad_accum=grad_accum)
     reasons: list[str] = []
     opts = replace(opts, rollback_mode=_choose_rollback_mode(w, hw, opts, reasons))
@@ -247,12 +271,12 @@ def check_feasible(shape: ModelShape, seq: int, batch: int, hardware: HardwarePr
 
 
 def _device_need(w: Workload, hw: HardwareProfile, opts: Options) -> float:
-    spec = system_spec("superoffload", opts, w.shape.total_params())
+    spec = system_spec("superoffload", opts, w.shape.total_params(), world=w.chips)
     return estimate_memory(w, hw, spec, opts).device_total
 
 
 def _host_need(w: Workload, hw: HardwareProfile, opts: Options) -> float:
-    spec = system_spec("superoffload", opts, w.shape.total_params())
+    spec = system_spec("superoffload", opts, w.shape.total_params(), world=w.chips)
     return estimate_memory(w, hw, spec, opts).host_total
 
 
@@ -361,7 +385,7 @@ def _choose_tail(w: Workload, hw: HardwareProfile, opts: Options, budget: float,
     free = budget - _device_need(w, hw, opts)
     max_tail = 0
     for b in reversed(bk.pack_buckets(w.shape, opts.bucket_size)):
-        free -= TAIL_STATE_BYTES * sum(n for _, n in b)
+        free -= TAIL_STATE_BYTES * sum(n for _, n in b) / w.chips  # each rank keeps its shard of the state
         if free < 0:
             break
         max_tail += 1

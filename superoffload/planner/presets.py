@@ -51,6 +51,24 @@ MATMUL_EFFICIENCY = 750e12 / 989e12
 ATTENTION_FACTOR = 335e12 / 750e12
 
 
+# Several chips. NVLink 4: 25 GB/s per link and direction (18 links = "900 GB/s bidirectional per GPU",
+# NVIDIA Hopper architecture page). The paper's cluster (the artifact's Slurm scripts: partition ghx4,
+# NCCL over the "hsn" interface; NCSA DeltaAI, inferred) has 4 GH200 per node, each GPU pair joined by 6
+# NVLinks ("NV6") and one 200 Gb/s Slingshot-11 NIC per Superchip (DeltaAI system architecture,
+# docs.ncsa.illinois.edu/systems/deltaai). A ring gets one peer's links per direction (150 GB/s) inside a
+# node and the chip's own NIC (25 GB/s) between nodes; both at the same protocol efficiency as the
+# host links (an assumption: no public NCCL sweep on that machine was found).
+NVLINK4_GBPS_PER_LINK = 25.0
+GH200_NODE_CHIPS = 4
+GH200_PEER_LINKS = 6
+SLINGSHOT11_GBPS = 200 / 8  # 200 Gb/s per NIC per direction
+# Per ring step (NCCL protocol + hop): assumptions of the usual order (a few microseconds on NVLink,
+# about twice that through a NIC and a switch), not measured on that machine.
+NVLINK_STEP_LATENCY_S = 5e-6
+NETWORK_STEP_LATENCY_S = 10e-6
+INFINIBAND_NDR_GBPS = 400 / 8  # an x86 GPU server's typical one NDR NIC per GPU (assumption for PCIe presets)
+
+
 def _links(peak_gbps: float) -> dict[str, Curve]:
     pinned = Curve.latency_bandwidth(peak_gbps * LINK_EFFICIENCY, COPY_LATENCY_S)
     pageable = Curve.latency_bandwidth(min(PAGEABLE_GBPS, peak_gbps * LINK_EFFICIENCY), COPY_LATENCY_S)
@@ -78,8 +96,15 @@ def gh200() -> HardwareProfile:
         host_memory_bytes=480 * 10**9,  # largest LPDDR5X option on the GH200 datasheet (480 GB)
         host_cast_gbps=STREAM_EFFICIENCY * _GRACE_LPDDR5X_GBPS,
         sync_latency_s=SYNC_LATENCY_S,
+        chips_per_node=GH200_NODE_CHIPS,
+        intra_node_gbps=LINK_EFFICIENCY * GH200_PEER_LINKS * NVLINK4_GBPS_PER_LINK,
+        inter_node_gbps=LINK_EFFICIENCY * SLINGSHOT11_GBPS,
+        intra_node_latency_s=NVLINK_STEP_LATENCY_S,
+        inter_node_latency_s=NETWORK_STEP_LATENCY_S,
         notes=["host memory is the datasheet's 480 GB; the paper's per-chip host memory is not known",
-               "C2C curve is latency+bandwidth, not a measured sweep; run `superoffload calibrate`"],
+               "C2C curve is latency+bandwidth, not a measured sweep; run `superoffload calibrate`",
+               "several chips: 4 per node (NV6 NVLink between pairs), one 200 Gb/s NIC per chip, as on the "
+               "paper's cluster (NCSA DeltaAI, inferred from the artifact's Slurm scripts)"],
     )
 
 
@@ -107,7 +132,15 @@ def _pcie_profile(name: str, peak_flops: float, hbm_bytes: int, hbm_gbps: float,
         host_memory_bytes=512 * 10**9,
         host_cast_gbps=STREAM_EFFICIENCY * _X86_MEM_GBPS,
         sync_latency_s=SYNC_LATENCY_S,
-        notes=["host is an assumed Sapphire Rapids socket (8x DDR5-4800); calibrate on the real one"],
+        # 8 PCIe GPUs per server talking through PCIe switches (no NVLink bridges assumed), one NDR NIC
+        # per GPU between servers: assumptions about the server, not specs of the GPU
+        chips_per_node=8,
+        intra_node_gbps=LINK_EFFICIENCY * 64.0,
+        inter_node_gbps=LINK_EFFICIENCY * INFINIBAND_NDR_GBPS,
+        intra_node_latency_s=NVLINK_STEP_LATENCY_S,
+        inter_node_latency_s=NETWORK_STEP_LATENCY_S,
+        notes=["host is an assumed Sapphire Rapids socket (8x DDR5-4800); calibrate on the real one",
+               "several chips: assumed 8 per server over PCIe, one NDR 400 Gb/s NIC per GPU"],
     )
 
 
@@ -150,6 +183,14 @@ def cpu() -> HardwareProfile:
         device_reserve_bytes=1 * GiB,
         host_reserve_bytes=4 * GiB,
         device_is_host=True,
+        # several ranks on one CPU host: gloo over loopback TCP. Order of magnitude measured on the 2-core CI
+        # machine (docs/cost_model.md, "Several chips"): ~1.2 GB/s all-reduce bus bandwidth, ~0.4 GB/s for
+        # gloo's reduce-scatter, ~250 us for a small collective; one "node" holds every rank
+        chips_per_node=64,
+        intra_node_gbps=1.0,
+        inter_node_gbps=1.0,
+        intra_node_latency_s=100e-6,
+        inter_node_latency_s=100e-6,
     )
 
 

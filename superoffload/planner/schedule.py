@@ -18,7 +18,8 @@ COMPUTE = "compute"  # the device's compute stream (kernels that fill the SMs)
 D2H = "d2h"  # device -> host copy engine / link direction
 H2D = "h2d"  # host -> device
 HOST = "host"  # the host CPU pool running optimizer steps and casts
-RESOURCES = (COMPUTE, D2H, H2D, HOST)
+NET = "net"  # the collectives between chips (one communication stream; several chips only)
+RESOURCES = (COMPUTE, D2H, H2D, HOST, NET)
 
 
 @dataclass

@@ -36,6 +36,8 @@ ROLLBACK_SPEC_EXTRA = {"full_copy": 12.0, "deferred": 0.0}
 ROLLBACK_COMMIT_BYTES = {"full_copy": 0.0, "deferred": 16.0}
 
 DEEPSPEED_REDUCE_BUCKET = 500_000_000  # DeepSpeed default reduce_bucket_size (elements)
+# torch DistributedDataParallel's default bucket_cap_mb = 25 (MiB of gradients per all-reduce bucket)
+DDP_BUCKET_BYTES = 25 * 2**20
 ARTIFACT_PRISM_BUCKET = 600_000_000  # artifact prism config: reduce_bucket_size = sub_group_size = 6e8
 ARTIFACT_PRISM_RATIO = 0.90  # artifact prism config `ratio`
 
@@ -122,14 +124,75 @@ class SystemSpec:
     grad_accum: int = 1
     clipping: bool = False  # global-norm clipping each step (its traffic is charged where measured)
     notes: list[str] = field(default_factory=list)
+    # several chips (world > 1; every field below is inert on one chip)
+    world: int = 1
+    grad_reduce: str | None = None  # "reduce_scatter" (sharded optimizer) | "all_reduce" (DDP) per bucket
+    grad_reduce_bytes: int = 0  # bytes/param on the wire
+    shard_optimizer: bool = False  # host (or tail) state and the optimizer step cover 1/world of the params
+    param_gather_bytes: int = 0  # all-gather of weights, bytes/param: after their return, or per layer
+    gather_per_layer: bool = False  # ZeRO-3: partitioned weights all-gathered per layer in forward and backward
+    step_allreduce: bool = False  # one small all-reduce per step (global norm / overflow flag)
 
 
-def system_spec(system: str, opts: Options, total_params: int) -> SystemSpec:
+def system_spec(system: str, opts: Options, total_params: int, world: int = 1) -> SystemSpec:
     spec = _system_spec(system, opts, total_params)
     spec.clipping = opts.clipping
     if opts.precision == "fp32":
         _without_casts(spec)
+    if world > 1:
+        _data_parallel(spec, opts, world)
     return spec
+
+
+def _data_parallel(spec: SystemSpec, opts: Options, world: int) -> None:
+    """The collectives each system adds on ``world`` data-parallel ranks (one per chip), read from the
+    systems' sources (docs/cost_model.md, "Several chips"); "[inferred]" where it is not written there.
+
+    - superoffload (superoffload/engine/comm.py): each bucket's gradient copied into an fp32 flat buffer,
+      SUM reduce-scatter in fp32, the rank's shard D2H, host Adam on the shard, the shard's weights H2D
+      and an all-gather of the bucket's weights in the training precision; one all-reduce of
+      [norm², non-finite count] per step. bf16 gradients are not moved at W > 1 (grad_cast applies to
+      one rank only).
+    - zero_offload / zero_infinity (DeepSpeed ZeRO-2 / ZeRO-3 with every parameter persistent, as the
+      artifact configures it): per reduce bucket a reduce of each partition to its owner (reduce-scatter
+      volume) in the training dtype [inferred: DeepSpeed's communication_data_type defaults to it],
+      CPU-Adam on the partition, its weights back, then an all-gather of the weights.
+    - ds_superoffload (ZeRO-3, stage3 defaults): reduce-scatter per sub-group, partitioned weights
+      all-gathered per layer in forward and again in backward.
+    - fsdp_offload (FSDP2 + CPUOffloadPolicy): per layer the shard is copied H2D and all-gathered in the
+      param dtype for forward and for backward; gradients reduce-scattered in fp32 (reduce_dtype), the
+      shard copied D2H; torch AdamW on the shard.
+    - torch (DistributedDataParallel): fp32 gradients all-reduced per 25 MiB bucket during backward;
+      every rank keeps and steps the whole model.
+    """
+    lowp = 2 if opts.precision != "fp32" else 4
+    spec.world = world
+    spec.step_allreduce = True
+    if spec.name == "torch":
+        spec.grad_reduce, spec.grad_reduce_bytes = "all_reduce", 4
+        spec.bucket_size = DDP_BUCKET_BYTES // 4
+        spec.device_tail_buckets = 1 << 30  # every bucket steps on the device
+        spec.step_allreduce = False  # the averaged gradients are identical: clipping is local
+        return
+    spec.shard_optimizer = True
+    spec.grad_reduce = "reduce_scatter"
+    if spec.name == "superoffload":
+        spec.grad_reduce_bytes = 4
+        if opts.precision != "fp32":
+            spec.grad_device_cast, spec.grad_host_cast, spec.grad_d2h_bytes = True, False, 4
+        spec.param_gather_bytes = lowp
+    elif spec.name in ("zero_offload", "zero_infinity"):
+        spec.grad_reduce_bytes = lowp
+        spec.param_gather_bytes = lowp
+    elif spec.name == "ds_superoffload":
+        spec.grad_reduce_bytes = lowp
+        spec.gather_per_layer = True
+        spec.param_gather_bytes = lowp  # per layer, not after the step
+    elif spec.name == "fsdp_offload":
+        spec.grad_reduce_bytes = 4
+        spec.fetch_bytes = 4  # the fp32 shard crosses the link, then is all-gathered in the param dtype
+        spec.param_gather_bytes = lowp
+        spec.step_allreduce = opts.clipping
 
 
 def _without_casts(spec: SystemSpec) -> None:

@@ -1,7 +1,9 @@
 """The `superoffload` system: our engine under the common harness.
 
-By default the engine runs the planner's plan for this model, sequence, batch and hardware; the plan
-and its reasons land in the record. The engine config is a merge, later wins:
+By default the engine runs the planner's plan for this model, sequence, batch, hardware and rank count
+(``make_plan(..., chips=world_size)``); the plan and its reasons land in the record. On several ranks
+the engine shards over torch.distributed's default process group (which the runner initialised).
+The engine config is a merge, later wins:
 
     engine defaults < run settings (precision, clipping, ...) < plan.engine_options() < -o options
 
@@ -50,7 +52,7 @@ def plan_for(shape: ModelShape, run: RunConfig):
 
     hw = get_profile(run.system_options.get("hardware") or hardware_for_device(run.device))
     return make_plan(shape, run.seq, run.batch, hw, activation_checkpointing=run.activation_checkpointing,
-                     grad_accum=run.grad_accum)
+                     grad_accum=run.grad_accum, chips=max(1, run.world_size))
 
 
 def _cast_policy(run: RunConfig) -> dict[str, str]:
@@ -73,7 +75,8 @@ def engine_config(run: RunConfig, plan=None) -> SuperOffloadConfig:
     return SuperOffloadConfig.from_any({
         "optimizer": {"lr": run.lr, "betas": list(run.betas), "eps": run.eps, "weight_decay": run.weight_decay},
         "precision": run.dtype, "grad_clip": run.grad_clip, "grad_accum": run.grad_accum,
-        "device": run.device, "host_threads": run.threads, **planned, **_cast_policy(run), **explicit,
+        "device": run.device, "host_threads": run.host_threads if run.host_threads is not None else run.threads,
+        **planned, **_cast_policy(run), **explicit,
     })
 
 
