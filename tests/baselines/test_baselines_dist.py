@@ -1,4 +1,5 @@
-"""World size 2 (torchrun, gloo) against world size 1 on the same global batch; the CLI end to end.
+"""World size 2 (torchrun, gloo) against world size 1 on the same global batch, for every system (torch as
+DDP, the engine sharded over the ranks); the CLI end to end.
 
 Each rank's loss is the mean over its half of the global batch, so the mean of the two ranks' losses is
 the world-1 loss of the whole batch. Gradients are averaged across ranks in fp32, which only changes
@@ -30,6 +31,8 @@ def _env() -> dict[str, str]:
         env.pop(k, None)  # set by this pytest process for its own world-1 group; torchrun sets its own
     env["OMP_NUM_THREADS"] = "1"
     env["PYTHONWARNINGS"] = "ignore"
+    env["GLOO_SOCKET_IFNAME"] = "lo"  # 127.0.0.1 only
+    env["SUPEROFFLOAD_DIST_TIMEOUT_S"] = "60"  # a lost rank fails the test instead of hanging it
     return env
 
 
@@ -41,10 +44,20 @@ def _torchrun(cfg: dict, out: Path) -> list[dict]:
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
 
 
-@pytest.mark.usefixtures("needs_deepspeed")
-@pytest.mark.parametrize(("system", "grad_clip"), [("zero_offload", 0.0), ("fsdp_offload", 1.0)])
+@pytest.mark.parametrize(("system", "grad_clip"), [
+    ("zero_offload", 0.0),
+    ("fsdp_offload", 1.0),
+    pytest.param("torch", 1.0, id="torch-ddp"),
+    ("superoffload", 1.0),
+    ("zero_infinity", 1.0),
+    pytest.param("ds_superoffload", 0.0, marks=pytest.mark.slow),
+])
 def test_world_size_2_matches_world_size_1(system: str, grad_clip: float, tmp_path: Path) -> None:
+    if system in ("zero_offload", "zero_infinity", "ds_superoffload"):
+        pytest.importorskip("deepspeed")
     cfg = {**CFG, "system": system, "grad_clip": grad_clip}
+    if system == "superoffload":
+        cfg["system_options"] = {"bucket_size": 65536}
     ranks = _torchrun({**cfg, "batch": 2}, tmp_path)
     one = run_global_batch(RunConfig(**{**cfg, "batch": 4, "threads": 2}))
     assert one["status"] == "ok", one["error"]
@@ -53,7 +66,11 @@ def test_world_size_2_matches_world_size_1(system: str, grad_clip: float, tmp_pa
     mean = [(a + b) / 2 for a, b in zip(ranks[0]["losses"], ranks[1]["losses"], strict=True)]
     diffs = [abs(a - b) for a, b in zip(mean, one["losses"], strict=True)]
     assert max(diffs) <= TOL, f"world 2 vs world 1 |Δloss| per step: {diffs}"
-    if grad_clip:
+    if system == "torch":
+        assert all(r["system_stats"]["ddp"] for r in ranks) and not one["system_stats"]["ddp"]
+    if system == "superoffload":  # the engine sharded over the two ranks
+        assert [r["system_stats"]["world_size"] for r in ranks] == [2, 2]
+    if grad_clip and "grad_norms" in one["system_stats"]:
         n1 = one["system_stats"]["grad_norms"]
         assert max(n1) > grad_clip  # clipping fired
         for r in ranks:  # every rank clipped with the global norm, the same as world 1's
