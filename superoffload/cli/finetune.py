@@ -113,9 +113,18 @@ def main(args: argparse.Namespace) -> int:
     except FinetuneInputError as e:
         print("superoffload finetune: error: " + " ".join(str(e).split()), file=sys.stderr)
         return 2
+    finally:
+        _leave_process_group()
     if prepared.rank == 0:
         print(summary_line(rec))
     return 0 if rec["status"] == "ok" else 1
+
+
+def _leave_process_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def summary_line(rec: dict) -> str:

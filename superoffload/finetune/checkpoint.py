@@ -3,7 +3,8 @@
 Layout of ``--out DIR``::
 
     DIR/checkpoints/step-0000100/engine.pt     engine.state_dict(): fp32 master, Adam m and v, step counts,
-                                                loss scale, bucket order (torch.save)
+                                                loss scale, bucket order (torch.save); with several ranks
+                                                engine-rank{r}.pt, each rank's shard
     DIR/checkpoints/step-0000100/trainer.pt    step, LR scheduler, RNG states, per-step losses, the settings
                                                 that must match on resume, data fingerprint, model buffers
     DIR/checkpoints/latest.json                {"step": 100, "dir": "step-0000100"}
@@ -99,16 +100,31 @@ def step_dir_name(step: int) -> str:
     return f"step-{step:07d}"
 
 
+def engine_file(rank: int, world: int) -> str:
+    return ENGINE_FILE if world == 1 else f"engine-rank{rank}.pt"
+
+
 def save_checkpoint(out: str | Path, step: int, engine_state: dict[str, Any], trainer_state: dict[str, Any],
-                    keep: int = 2) -> Path:
-    """Write the checkpoint of ``step`` atomically, point ``latest.json`` at it, prune older ones."""
+                    keep: int = 2, rank: int = 0, world: int = 1, barrier: Any = None) -> Path:
+    """Write the checkpoint of ``step`` atomically, point ``latest.json`` at it, prune older ones. With
+    several ranks every rank calls it (``barrier``: torch.distributed.barrier): each writes its engine shard
+    into the temporary directory, rank 0 the trainer state, then rank 0 renames and updates latest.json."""
     root = Path(out) / CHECKPOINTS
-    root.mkdir(parents=True, exist_ok=True)
     final = root / step_dir_name(step)
-    tmp = root / f".{final.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    _save(engine_state, tmp / ENGINE_FILE)
+    tmp = root / (f".{final.name}.tmp-{os.getpid()}" if world == 1 else f".{final.name}.tmp")
+    if rank == 0:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    if barrier is not None:
+        barrier()
+    _save(engine_state, tmp / engine_file(rank, world))
+    if barrier is not None:
+        barrier()
+    if rank != 0:
+        if barrier is not None:
+            barrier()
+        return final
     _save(trainer_state, tmp / TRAINER_FILE)
     _fsync_dir(tmp)
     _replace_dir(tmp, final)
@@ -118,6 +134,8 @@ def save_checkpoint(out: str | Path, step: int, engine_state: dict[str, Any], tr
         for old in done[:-keep]:
             if old != final:
                 shutil.rmtree(old, ignore_errors=True)
+    if barrier is not None:
+        barrier()
     return final
 
 
@@ -131,13 +149,26 @@ def latest_checkpoint(out: str | Path) -> Path | None:
     except (OSError, ValueError):
         return None
     path = root / str(latest.get("dir", ""))
-    return path if (path / ENGINE_FILE).is_file() and (path / TRAINER_FILE).is_file() else None
+    engines = all(f.is_file() for f in engine_files(path))
+    return path if engines and (path / TRAINER_FILE).is_file() else None
 
 
-def load_checkpoint(path: str | Path) -> tuple[dict[str, Any], dict[str, Any]]:
+def engine_files(path: str | Path) -> list[Path]:
+    """The engine files of a checkpoint, in rank order (one ``engine.pt`` when one rank wrote it)."""
     path = Path(path)
-    return (torch.load(path / ENGINE_FILE, map_location="cpu", weights_only=True),
-            torch.load(path / TRAINER_FILE, map_location="cpu", weights_only=True))
+    ranks = sorted(path.glob("engine-rank*.pt"), key=lambda f: int(f.stem.removeprefix("engine-rank")))
+    return ranks or [path / ENGINE_FILE]
+
+
+def load_checkpoint(path: str | Path, rank: int = 0, world: int = 1) -> tuple[Any, dict[str, Any]]:
+    """(engine state, trainer state): this rank's engine file when the checkpoint was written by ``world``
+    ranks, else the list of every rank's engine states (the engine re-shards them)."""
+    path = Path(path)
+    trainer = torch.load(path / TRAINER_FILE, map_location="cpu", weights_only=True)
+    files = engine_files(path)
+    if len(files) == world:
+        return torch.load(files[rank], map_location="cpu", weights_only=True), trainer
+    return [torch.load(f, map_location="cpu", weights_only=True) for f in files], trainer
 
 
 def model_buffers(module: nn.Module) -> dict[str, torch.Tensor]:
@@ -154,8 +185,11 @@ def load_model_buffers(module: nn.Module, buffers: dict[str, torch.Tensor]) -> N
 # ------------------------------------------------------------------------------------------ final model
 def final_state_dict(module: nn.Module, engine_state: dict[str, Any], dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """The module's state dict with every parameter taken from the engine's fp32 master, cast to ``dtype``
-    (round to nearest even, as the engine casts its device copy). Tied names share one tensor."""
-    masters = {n: e["master"] for n, e in engine_state["params"].items()}
+    (round to nearest even, as the engine casts its device copy). Tied names share one tensor.
+    ``engine_state``: one rank's state_dict, or the list of every rank's."""
+    from superoffload.engine.checkpoint import param_state
+
+    masters = {n: e["master"] for n, e in param_state(engine_state).items()}
     canonical = {id(p): n for n, p in module.named_parameters()}
     cast: dict[str, torch.Tensor] = {}
     out: dict[str, torch.Tensor] = {}

@@ -11,11 +11,11 @@ of each micro-batch (the normalization Hugging Face's Trainer adopted in 2024:
 https://huggingface.co/blog/gradient_accumulation). ``engine.backward`` divides by ``grad_accum``
 itself, so the loop hands it ``grad_accum`` times that.
 
-Ranks: the loop reads ``RANK`` / ``WORLD_SIZE`` (torchrun), gives each rank its own rows and lets only
-rank 0 print and write files. The engine is single-process today (no gradient reduction between
-ranks), so ``prepare`` refuses ``WORLD_SIZE`` > 1 rather than train diverging replicas; the refusal is
-the one line to remove once the engine reduces gradients across ranks (the learned-token count of a step
-must then be summed over ranks too).
+Ranks: under torchrun (``RANK`` / ``WORLD_SIZE``) each rank trains its own rows; the engine shards the
+optimizer over the ranks and sums their gradients (``gradient_reduction: sum``), and the learned-token
+count of a step is summed over the ranks, so W ranks train exactly the global batch one rank would
+(up to the summation order). Only rank 0 prints and writes the record and the final model; every rank
+writes its engine shard into a checkpoint.
 """
 
 from __future__ import annotations
@@ -47,7 +47,9 @@ from superoffload.options import torch_dtype
 DEFAULT_MAX_LENGTH = 2048
 DTYPES = ("fp32", "bf16", "fp16")
 # settings a resumed run must share with the checkpoint to continue bit-exactly
-RESUME_KEYS = ("model", "data_sha256", "max_length", "pad", "batch", "grad_accum", "steps", "lr", "warmup",
+# (the global batch, not the per-rank one: the rows of a step depend only on it, so a run may resume on
+# another number of ranks)
+RESUME_KEYS = ("model", "data_sha256", "max_length", "pad", "global_batch", "grad_accum", "steps", "lr", "warmup",
                "min_lr_ratio", "seed", "dtype", "optimizer", "grad_clip", "activation_checkpointing")
 
 
@@ -201,9 +203,6 @@ def prepare(c: FinetuneConfig) -> Prepared:
 
     rank, world = dist_env()
     _check_scalars(c)
-    if world > 1:
-        raise FinetuneInputError(f"WORLD_SIZE={world}: the engine trains one process (it does not reduce "
-                                 f"gradients across ranks yet); run finetune without torchrun")
     check_data_path(c.data)
     _check_model_spec(c.model)
     out = Path(c.out)
@@ -242,7 +241,8 @@ def prepare(c: FinetuneConfig) -> Prepared:
                     world_size=world, system_options=options, peak_flops=c.peak_flops)
     try:
         plan = plan_for(shape, run)
-        merged = deep_merge(engine_config(run, plan).to_dict(), overrides)
+        # the loss is already divided by the step's learned tokens over every rank: gradients are summed
+        merged = deep_merge({**engine_config(run, plan).to_dict(), "gradient_reduction": "sum"}, overrides)
         eng_cfg = SuperOffloadConfig.from_any(merged)
     except (ConfigError, ValueError) as e:
         raise FinetuneInputError(f"engine config: {' '.join(str(e).split())}") from None
@@ -256,7 +256,8 @@ def prepare(c: FinetuneConfig) -> Prepared:
     rows = load_rows(c.data, loaded.tokenizer, max_length=max_length, pad=c.pad, seed=c.seed, vocab=shape.vocab,
                      data_dtype=c.data_dtype)
     warm = warmup_steps(c.steps, c.warmup_ratio, c.warmup_steps)
-    settings = {"model": c.model, "data_sha256": rows.info["sha256"], "max_length": max_length, "pad": c.pad,
+    settings = {"world": world, "global_batch": c.batch * world, "model": c.model,
+                "data_sha256": rows.info["sha256"], "max_length": max_length, "pad": c.pad,
                 "batch": c.batch, "grad_accum": eng_cfg.grad_accum, "steps": c.steps, "lr": eng_cfg.optimizer.lr,
                 "warmup": warm, "min_lr_ratio": c.min_lr_ratio, "seed": c.seed, "dtype": eng_cfg.precision,
                 "optimizer": {k: (list(v) if isinstance(v, tuple) else v)
@@ -273,10 +274,12 @@ def prepare(c: FinetuneConfig) -> Prepared:
 
 def _check_resume(prep: Prepared) -> None:
     trainer = torch.load(prep.resume_from / ckpt.TRAINER_FILE, map_location="cpu", weights_only=True)
-    saved = trainer.get("settings", {})
+    saved = dict(trainer.get("settings", {}))
+    saved.setdefault("global_batch", saved.get("batch"))  # written by one rank before "global_batch" existed
     for key in RESUME_KEYS:
         if saved.get(key) != prep.settings.get(key):
-            raise FinetuneInputError(f"--resume: {key} is {prep.settings.get(key)!r} but the checkpoint "
+            what = "global_batch (--batch x ranks)" if key == "global_batch" else key
+            raise FinetuneInputError(f"--resume: {what} is {prep.settings.get(key)!r} but the checkpoint "
                                      f"{prep.resume_from.name} was written with {saved.get(key)!r}; resume with "
                                      f"the same settings")
     if prep.cfg.stop_after is not None and prep.cfg.stop_after <= trainer["step"]:
@@ -285,7 +288,11 @@ def _check_resume(prep: Prepared) -> None:
     if trainer["step"] >= prep.cfg.steps:
         raise FinetuneInputError(f"--resume: the checkpoint is at step {trainer['step']}, the run has "
                                  f"--steps {prep.cfg.steps}: nothing left to train")
-    if saved.get("engine_config") != prep.settings["engine_config"]:
+    if saved.get("world", 1) != prep.world:
+        prep.notes.append(f"note: the checkpoint was written by {saved.get('world', 1)} rank(s), this run has "
+                          f"{prep.world}: the engine re-shards its state; gradients are summed in another order, "
+                          f"so training continues correctly but not bit-identically")
+    elif saved.get("engine_config") != prep.settings["engine_config"]:
         prep.notes.append("note: the engine config differs from the checkpoint's (another plan or --config); "
                           "training continues correctly but not bit-identically to an uninterrupted run")
 
@@ -340,6 +347,8 @@ def train(prep: Prepared, *, stdout: TextIO | None = None, stderr: TextIO | None
 
     from superoffload.engine import ConfigError
 
+    if prep.world > 1:
+        _init_distributed(eng_cfg.device)
     buffers = snapshot_buffers(loaded.module)
     try:  # the engine's model-dependent checks (flow_layers, tail buckets vs the HBM budget) are input errors
         engine = initialize(loaded.module, eng_cfg)
@@ -355,7 +364,7 @@ def train(prep: Prepared, *, stdout: TextIO | None = None, stderr: TextIO | None
     losses: list[float] = []
     start = 0
     if prep.resume_from is not None:
-        engine_state, trainer = ckpt.load_checkpoint(prep.resume_from)
+        engine_state, trainer = ckpt.load_checkpoint(prep.resume_from, prep.rank, prep.world)
         engine.load_state_dict(engine_state)
         del engine_state
         sched.load_state_dict(trainer["scheduler"])
@@ -391,7 +400,7 @@ def train(prep: Prepared, *, stdout: TextIO | None = None, stderr: TextIO | None
         dev = device.torch_device
         for step in range(start, end):
             batches = data.step_batches(step)
-            learned = learned_tokens(batches)
+            learned = _sum_over_ranks(learned_tokens(batches), prep.world, dev)
             total = max(1, learned)
             lr = engine.optimizer.param_groups[0]["lr"]
             device.synchronize()
@@ -404,6 +413,7 @@ def train(prep: Prepared, *, stdout: TextIO | None = None, stderr: TextIO | None
                 acc += s.detach().double()
             engine.step()
             sched.step()
+            acc = _sum_over_ranks(acc, prep.world, dev)
             loss = float(acc) / learned if learned else float("nan")  # no learned token: null in the record
             device.synchronize()
             times.append(time.perf_counter() - t0)
@@ -416,10 +426,12 @@ def train(prep: Prepared, *, stdout: TextIO | None = None, stderr: TextIO | None
         step = end
         _checkpoint(prep, engine, sched, losses, end, main)
         final_dir = None
-        if end == c.steps and main:
-            save_dtype = _resolve_save_dtype(c, loaded, eng_cfg.precision)
-            final_dir = ckpt.save_final(loaded, engine.state_dict(), out, torch_dtype(save_dtype), save_dtype)
-            progress.message(f"saved {final_dir} ({save_dtype} weights and the tokenizer)")
+        if end == c.steps:
+            states = _gather_on_rank0(engine.state_dict(), prep.world)
+            if main:
+                save_dtype = _resolve_save_dtype(c, loaded, eng_cfg.precision)
+                final_dir = ckpt.save_final(loaded, states, out, torch_dtype(save_dtype), save_dtype)
+                progress.message(f"saved {final_dir} ({save_dtype} weights and the tokenizer)")
         rec["system_stats"] = engine.stats
     except Exception as e:  # noqa: BLE001 - a failure during training is a record, as in the runner
         rec["status"] = "oom" if device.is_oom(e) else "error"
@@ -450,9 +462,51 @@ def train(prep: Prepared, *, stdout: TextIO | None = None, stderr: TextIO | None
 
 def _checkpoint(prep: Prepared, engine: Any, sched: Any, losses: list[float], step: int, main: bool) -> None:
     state = engine.state_dict()  # synchronizes the engine's host tasks first
-    if main:
-        ckpt.save_checkpoint(prep.cfg.out, step, state, _trainer_state(prep, step, sched, losses, engine.model),
-                             keep=prep.cfg.keep_checkpoints)
+    trainer = _trainer_state(prep, step, sched, losses, engine.model) if main else {}
+    barrier = None
+    if prep.world > 1:
+        import torch.distributed as dist
+
+        barrier = dist.barrier
+    ckpt.save_checkpoint(prep.cfg.out, step, state, trainer, keep=prep.cfg.keep_checkpoints, rank=prep.rank,
+                         world=prep.world, barrier=barrier)
+
+
+def _init_distributed(device: str) -> None:
+    """The process group torchrun's environment describes: NCCL when the engine trains on CUDA, gloo on the
+    host. Every collective times out (``SUPEROFFLOAD_DIST_TIMEOUT_S``, as ``bench run``) so a rank that dies
+    ends the job instead of leaving the others waiting."""
+    import torch.distributed as dist
+
+    from superoffload.harness.runner import dist_timeout
+
+    if dist.is_initialized():
+        return
+    cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    dist.init_process_group(backend="nccl" if cuda else "gloo", timeout=dist_timeout())
+
+
+def _sum_over_ranks(value: Any, world: int, device: torch.device) -> Any:
+    """An int or a tensor summed over every rank (the step's learned tokens, its loss sum); the reduction
+    runs on the engine's device (NCCL reduces only device tensors)."""
+    if world == 1:
+        return value
+    import torch.distributed as dist
+
+    t = value.clone() if isinstance(value, torch.Tensor) else torch.tensor(value, dtype=torch.int64, device=device)
+    dist.all_reduce(t)
+    return t if isinstance(value, torch.Tensor) else int(t)
+
+
+def _gather_on_rank0(state: dict[str, Any], world: int) -> Any:
+    """Every rank's engine state on rank 0 (the final model's fp32 masters), this rank's alone otherwise."""
+    if world == 1:
+        return state
+    import torch.distributed as dist
+
+    box: list[Any] | None = [None] * world if dist.get_rank() == 0 else None
+    dist.gather_object(state, box, dst=0)
+    return box
 
 
 def _finetune_block(prep: Prepared, schedule: WarmupCosine, start: int, end: int,

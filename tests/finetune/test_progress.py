@@ -1,14 +1,12 @@
 """Progress reporting: log lines every K steps without a terminal, a tqdm bar with one, warm-up steps
-excluded from tokens/s and MFU; the LR schedule; torchrun with several ranks is refused for now."""
+excluded from tokens/s and MFU; the LR schedule."""
 
 from __future__ import annotations
 
 import io
 
-import pytest
 import torch
 
-from superoffload.finetune import FinetuneConfig, FinetuneInputError, prepare
 from superoffload.finetune.progress import Progress
 from superoffload.finetune.schedule import WarmupCosine, make_scheduler, warmup_steps
 
@@ -48,11 +46,3 @@ def test_warmup_then_cosine():
     opt.step()
     sched.step()
     assert opt.param_groups[0]["lr"] == 2.0
-
-
-def test_several_ranks_are_refused_until_the_engine_reduces_gradients(monkeypatch, tmp_path):
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    data = tmp_path / "d.jsonl"
-    data.write_text('{"text": "hello"}\n')
-    with pytest.raises(FinetuneInputError, match="WORLD_SIZE=2"):
-        prepare(FinetuneConfig(model="gpt-tiny", data=str(data), steps=1, out=str(tmp_path / "o")))
