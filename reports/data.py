@@ -100,10 +100,12 @@ def load_results(results: str | Path) -> dict[str, Any]:
         item = load_optional(p)
         item["name"] = p.stem
         explain.append(item)
+    multi = [r for d in sorted(res.glob("runs_w*")) if d.is_dir() for r in load_records(d)]
     return {
         "dir": str(res),
         "sweep": sweep if isinstance(sweep, dict) else {},
         "runs": load_records(res / "runs"),
+        "multi_runs": multi,
         "ablation": ablation,
         "variants": variants if isinstance(variants, dict) else {},
         "adam": load_result(res / "microbench" / "adam.json", "adam_bench"),
@@ -164,6 +166,61 @@ def record_row(rec: dict[str, Any]) -> dict[str, Any]:
         "error": first_line(rec.get("error")) if rec.get("status") != "ok" else "",
         "path": rec.get("_path", ""),
     }
+
+
+def world_of(rec: dict[str, Any]) -> int:
+    """Ranks of a record: its world_size (a record without one ran on one rank); a stand-in for a broken
+    file under runs_w<N>/ takes N from the folder name."""
+    w = rec.get("world_size")
+    if isinstance(w, int) and w >= 1:
+        return w
+    folder = Path(rec.get("_path", "")).parent.parent.name
+    if folder.startswith("runs_w") and folder[6:].isdigit():
+        return int(folder[6:])
+    return 1
+
+
+def multi_rank_rows(records: list[dict[str, Any]], single: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per multi-rank record: throughput per device and aggregate, the same system's one-rank run of
+    the same (model, seq, per-rank batch) where the sweep has one, and every rank's host-step time and cores."""
+    base = {(r["system"], r["model"], r["seq"], r["batch"]): r for r in map(record_row, single)}
+    rows = []
+    for rec in records:
+        row = record_row(rec)
+        run = rec.get("run") or {}
+        world = world_of(rec)
+        per_rank_batch = run.get("batch")
+        one = base.get((row["system"], row["model"], row["seq"], per_rank_batch))
+        agg = num(_get(rec, "throughput", "aggregate_tokens_per_s"))
+        ranks = rec.get("ranks") if isinstance(rec.get("ranks"), list) else []
+        row.update(
+            world=world,
+            batch_per_rank=per_rank_batch,
+            aggregate_tokens_per_s=agg,
+            one_rank_tokens_per_s=one["tokens_per_s"] if one else None,
+            # aggregate over world x one rank's: 1.0 = perfect data-parallel scaling on this machine
+            scaling=(agg / (world * one["tokens_per_s"])) if (agg and one and one["tokens_per_s"]) else None,
+            ranks=[{"rank": r.get("rank"), "cores": _cores(r.get("cores")), "host_threads": r.get("host_threads"),
+                    "median_step_s": num(r.get("median_step_s")), "host_step_s": num(r.get("host_step_s")),
+                    "host_worker_busy_s": num(r.get("host_worker_busy_s"))} for r in ranks if isinstance(r, dict)],
+        )
+        rows.append(row)
+    return sorted(rows, key=lambda r: (r["world"], *sort_key(r)))
+
+
+def _cores(cores: Any) -> str:
+    """A core list as ranges ("0-71"), for a table cell."""
+    if not isinstance(cores, list) or not cores:
+        return "–"
+    out, start, prev = [], cores[0], cores[0]
+    for c in cores[1:] + [None]:
+        if c is not None and c == prev + 1:
+            prev = c
+            continue
+        out.append(f"{start}" if start == prev else f"{start}-{prev}")
+        if c is not None:
+            start = prev = c
+    return ",".join(out)
 
 
 def sort_key(row: dict[str, Any]) -> tuple:

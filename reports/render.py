@@ -126,10 +126,20 @@ def _validation(v: dict) -> dict:
             "op_within": sum(abs(r["op_model_rel_error"]) <= target for r in op_rows)}
 
 
-def measured_for(pred: dict, rows: list[dict]) -> float | None:
+def measured_for(pred: dict, rows: list[dict], multi: list[dict] | None = None) -> float | None:
     """Our measured value for a paper_comparison row, where the records have one: Fig 10 model TFLOPS of
-    that system and model (seq 1024, batch 8, the figure's setting), Fig 13 the largest ok model (B)."""
+    that system and model (seq 1024, batch 8, the figure's setting), Fig 11 the same on 4 / 16 chips (the
+    multi-rank records of that chip count at the row's setting), Fig 13 the largest ok model (B) on the
+    row's chip count."""
     point, metric = str(pred.get("point", "")), pred.get("metric")
+    chips = pred.get("chips") if isinstance(pred.get("chips"), int) else 1
+    if chips > 1:
+        rows = [r for r in multi or [] if r.get("world") == chips]
+    if pred.get("figure") == "fig11" and metric == "model_tflops" and " " in point:
+        model, system = point.split(" ", 1)
+        vals = [r["tflops"] for r in rows if r["system"] == system and r["model"] == model and r["tflops"] is not None
+                and f"seq {r['seq']}, micro-batch {r.get('batch_per_rank')}/chip" in str(pred.get("note", ""))]
+        return vals[0] if vals else None
     if pred.get("figure") == "fig10" and metric == "model_tflops" and " " in point:
         model, system = point.split(" ", 1)
         vals = [
@@ -161,6 +171,7 @@ def _micro_status(item: dict) -> dict:
 def build_context(results: dict, figure_files: dict[str, Path]) -> dict[str, Any]:
     sweep = results["sweep"]
     rows = D.summary_rows(results["runs"])
+    multi = D.multi_rank_rows(results.get("multi_runs", []), results["runs"])
     figs = []
     for name, (_, caption) in F.FIGURES.items():
         path = figure_files.get(name)
@@ -204,6 +215,13 @@ def build_context(results: dict, figure_files: dict[str, Path]) -> dict[str, Any
         ),
         "counts": D.status_counts(results["runs"]),
         "rows": rows,
+        "multi": {
+            "rows": multi,
+            "counts": D.status_counts(results.get("multi_runs", [])),
+            "predicted": [p for p in sweep.get("predicted_runs") or [] if isinstance(p, dict)],
+            "chips_available": sweep.get("chips_available"),
+            "chips_reason": sweep.get("chips_reason") or "",
+        },
         "ablation": _ablation_table(results),
         "ablation_counts": D.status_counts(results["ablation"]),
         "figures": figs,
@@ -236,7 +254,8 @@ def build_context(results: dict, figure_files: dict[str, Path]) -> dict[str, Any
                     "paper_status": r.get("paper_status"),
                     "rel_error": r.get("rel_error"),
                     "note": r.get("note", ""),
-                    "measured": measured_for(r, rows),
+                    "chips": r.get("chips", 1),
+                    "measured": measured_for(r, rows, multi),
                 }
                 for r in pc_rows
             ],

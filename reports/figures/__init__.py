@@ -28,7 +28,7 @@ from reports.figures.common import RC, empty, new_fig, params_of, plt
 from reports.figures.convergence import caption as convergence_caption
 from reports.figures.convergence import convergence
 from reports.figures.microbench import adam_points, adam_rows, cast, cast_series, graceadam, link_bandwidth
-from reports.figures.sweep import largest_model, mfu_vs_seq, paper_comparison, throughput_vs_size
+from reports.figures.sweep import largest_model, mfu_vs_seq, paper_comparison, scaling, throughput_vs_size
 from reports.figures.telemetry import gpu_timeline, rollbacks
 
 __all__ = ["CAPTIONS", "FIGURES", "adam_points", "adam_rows", "cast_series", "params_of", "render_all", "render_one",
@@ -43,7 +43,12 @@ FIGURES: dict[str, tuple[Callable[[dict], plt.Figure], str]] = {
     "mfu_vs_seq": (mfu_vs_seq, "MFU vs sequence length (model FLOPs, no recompute)."),
     "largest_model": (
         largest_model,
-        "Largest trainable model per system: measured, predicted, paper (Fig 13).",
+        "Largest trainable model per system: measured, predicted, paper (Fig 13); right: against the chip count.",
+    ),
+    "scaling": (
+        scaling,
+        "Several ranks: measured tokens/s per device and aggregate of the multi-rank runs beside one rank; "
+        "predicted TFLOPS per GH200 on 1, 4 and 16 chips (Fig 11).",
     ),
     "ablation": (
         ablation,

@@ -1,6 +1,7 @@
 """Figures of the sweep's run records and the cost model's GH200 predictions, beside the paper's values:
-throughput vs model size (Fig 10), MFU vs sequence length, the largest trainable model (Fig 13), and
-predicted / paper for every comparable point."""
+throughput vs model size (Fig 10), MFU vs sequence length, the largest trainable model (Fig 13, also vs
+chips), throughput on several ranks (measured) and chips (predicted, Fig 11), and predicted / paper for
+every comparable point."""
 
 from __future__ import annotations
 
@@ -143,18 +144,36 @@ def mfu_vs_seq(results: dict) -> plt.Figure:
     return fig
 
 
+def _chips(row: dict) -> int:
+    c = row.get("chips")
+    return c if isinstance(c, int) and c >= 1 else 1
+
+
+def _chip_axis(ax, chips: set[int]) -> None:
+    """A log2 chip-count axis labelled with the counts themselves."""
+    ax.set_xscale("log", base=2)
+    ticks = sorted(chips)
+    ax.set_xticks(ticks, [str(c) for c in ticks])
+    ax.minorticks_off()
+
+
 def largest_model(results: dict) -> plt.Figure:
     """Largest model with an ok record per system (measured, within the sweep's list), the cost model's
-    prediction for one GH200, and the paper's value (Fig 13)."""
-    fig, (ax,) = new_fig()
+    prediction for one GH200, and the paper's value (Fig 13); right: the same against the chip count
+    (predicted for 1, 4, 16 GH200; measured where the sweep ran multi-chip points)."""
+    fig, (ax, axc) = new_fig(2, width=10.0, height=3.8)
     measured: dict[str, float] = {}
     for r in map(D.record_row, results["runs"]):
         if r["status"] == "ok" and r["params"]:
             measured[r["system"]] = max(measured.get(r["system"], 0.0), r["params"] / 1e9)
     predicted: dict[str, float] = {}
+    by_chips: dict[str, dict[int, float]] = defaultdict(dict)
     for r in pred_rows(results, "fig13"):
         system = str(r.get("point", "")).split(" ")[-1]
-        if D.num(r.get("predicted")) is not None:
+        if D.num(r.get("predicted")) is None:
+            continue
+        by_chips[system][_chips(r)] = float(r["predicted"])
+        if _chips(r) == 1:
             predicted[system] = float(r["predicted"])
     systems = sys_sorted(set(measured) | set(predicted) | set(P.LARGEST_MODEL_B))
     width = 0.27
@@ -186,7 +205,7 @@ def largest_model(results: dict) -> plt.Figure:
     ax.set_xticks(range(len(systems)), systems, rotation=20, fontsize=7)
     ax.set_ylabel("largest trainable model (B params)")
     ax.set_yscale("log")
-    ax.set_title("Largest trainable model on one device (M = measured, P = predicted GH200)", fontsize=9)
+    ax.set_title("Largest model, one device (M measured, P predicted GH200)", fontsize=9)
     ax.text(
         0.0,
         -0.3,
@@ -196,6 +215,90 @@ def largest_model(results: dict) -> plt.Figure:
         fontsize=7,
         color="#666666",
     )
+    multi: dict[str, dict[int, float]] = defaultdict(dict)
+    for rec in results.get("multi_runs", []):
+        r = D.record_row(rec)
+        if r["status"] == "ok" and r["params"]:
+            w = D.world_of(rec)
+            multi[r["system"]][w] = max(multi[r["system"]].get(w, 0.0), r["params"] / 1e9)
+    for system, pts in measured.items():
+        multi[system].setdefault(1, pts)
+    drew = False
+    for system in sys_sorted(set(by_chips) | set(multi)):
+        if len(by_chips.get(system, {})) > 1:
+            xs = sorted(by_chips[system])
+            axc.plot(xs, [by_chips[system][x] for x in xs], color=system_color(system), label=f"{system} (P)",
+                     **STYLE["predicted"])
+            drew = True
+        if len(multi.get(system, {})) > 1 or any(w > 1 for w in multi.get(system, {})):
+            xs = sorted(multi[system])
+            axc.plot(xs, [multi[system][x] for x in xs], color=system_color(system), label=f"{system} (M)",
+                     **STYLE["measured"])
+            drew = True
+    axc.set_title("Largest model vs chips (seq 2048, micro-batch 1)", fontsize=9)
+    if drew:
+        _chip_axis(axc, {c for pts in (*by_chips.values(), *multi.values()) for c in pts})
+        axc.set_yscale("log")
+        axc.set_xlabel("chips")
+        axc.set_ylabel("B params")
+        axc.legend(fontsize=6)
+    else:
+        empty(axc, "No multi-chip points: no predictions for 4 / 16 chips and no multi-rank records.")
+    footnote(fig, "paper (Fig 13): 1 chip only (25B [V], 15B / 3.5B [S]); the 4- and 16-chip values are [MISSING]; "
+             "P = cost model (gh200 preset), M = ok records of this sweep")
+    return fig
+
+
+def scaling(results: dict) -> plt.Figure:
+    """Several ranks. Left: this sweep's multi-rank records, tokens/s per device and aggregate, beside the
+    same system's one-rank run. Right: predicted model TFLOPS per GH200 against the chip count for one
+    model (the artifact's settings per count: 1 chip seq 1024 micro-batch 8; 4 chips seq 1024, 4 per chip;
+    16 chips seq 2048, 1 per chip)."""
+    fig, (ax, axp) = new_fig(2, width=10.0, height=3.8)
+    rows = D.multi_rank_rows(results.get("multi_runs", []), results["runs"])
+    ok = [r for r in rows if r["status"] == "ok" and r["tokens_per_s"]]
+    if ok:
+        labels = []
+        for x, r in enumerate(ok):
+            one = r["one_rank_tokens_per_s"]
+            bars = [("1 rank", one, 0.35), (f"W={r['world']} per device", r["tokens_per_s"], 0.7),
+                    (f"W={r['world']} aggregate", r["aggregate_tokens_per_s"], 1.0)]
+            for j, (_, val, alpha) in enumerate(bars):
+                if val:
+                    ax.bar(x + (j - 1) * 0.27, val, 0.27, color=system_color(r["system"]), alpha=alpha,
+                           edgecolor="black", linewidth=0.5, hatch=("..", "", "//")[j])
+            labels.append(f"{r['system']}\nW={r['world']}")
+        ax.set_xticks(range(len(labels)), labels, fontsize=6)
+        ax.set_ylabel("tokens/s")
+        m = ok[0]
+        ax.set_title(f"Measured: {m['model']} seq {m['seq']}, batch {m['batch_per_rank']}/rank "
+                     "(dots: 1 rank, plain: per device, hatched: aggregate)", fontsize=8)
+    else:
+        empty(ax, "No multi-rank records in this sweep.\n" + status_note(results.get("multi_runs", [])))
+        ax.set_title("Measured: several ranks", fontsize=9)
+    model = "gpt-13b"
+    pred: dict[str, dict[int, float]] = defaultdict(dict)
+    for fig_name in ("fig10", "fig11"):
+        for r in pred_rows(results, fig_name):
+            if r.get("metric") != "model_tflops" or D.num(r.get("predicted")) is None:
+                continue
+            m, _, system = str(r.get("point", "")).partition(" ")
+            if m == model:
+                pred[system][_chips(r)] = float(r["predicted"])
+    axp.set_title(f"Predicted: {model}, TFLOPS per GH200 vs chips (cost model)", fontsize=9)
+    if any(len(v) > 1 for v in pred.values()):
+        for system in sys_sorted(pred):
+            xs = sorted(pred[system])
+            axp.plot(xs, [pred[system][c] for c in xs], color=system_color(system), label=system,
+                     **STYLE["predicted"])
+        _chip_axis(axp, {c for pts in pred.values() for c in pts})
+        axp.set_xlabel("chips")
+        axp.set_ylabel("model TFLOPS per chip")
+        axp.legend(fontsize=6)
+    else:
+        empty(axp, "No multi-chip predictions (paper_comparison has no fig11 rows).")
+    footnote(fig, "paper (Fig 11): per-size values [MISSING]; claims: 2.5x ZeRO-Offload on average, up to +83% / "
+             "+46% / +37% over Megatron / ZeRO-2 / ZeRO-3 [S]")
     return fig
 
 

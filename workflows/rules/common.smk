@@ -49,7 +49,7 @@ def detect_hardware():
     """What the workflow runs on. Fast path: no nvidia-smi and no /dev/nvidia0 -> no GPU (torch is not
     imported); otherwise torch.cuda decides and names the device."""
     hw = {"cuda": False, "device_name": None, "cpu": _cpu_model(), "arch": platform.machine(),
-          "cpu_count": os.cpu_count()}
+          "cpu_count": os.cpu_count(), "gpu_count": 0}
     if shutil.which("nvidia-smi") is None and not os.path.exists("/dev/nvidia0"):
         hw["detail"] = "no NVIDIA driver (nvidia-smi not found, no /dev/nvidia0)"
         return hw
@@ -59,6 +59,7 @@ def detect_hardware():
         if torch.cuda.is_available():
             hw["cuda"] = True
             hw["device_name"] = torch.cuda.get_device_name(0)
+            hw["gpu_count"] = torch.cuda.device_count()
             hw["detail"] = f"torch.cuda.is_available() is True; device 0 is {hw['device_name']!r}"
         else:
             hw["detail"] = "torch.cuda.is_available() is False (driver present, no usable CUDA device)"
@@ -95,11 +96,15 @@ ONLY_MODELS = set(config["only_models"] or [])
 
 def print_selection():
     print(f"superoffload workflow: sweep {SWEEP!r} -> {RES}/ ({SWEEP_REASON})", file=sys.stderr)
+    if MULTI_RUNS or PREDICTED_RUNS:
+        print(f"superoffload workflow: {len(MULTI_RUNS)} multi-rank runs measured, {len(PREDICTED_RUNS)} need "
+              f"more chips than the {CHIPS_AVAILABLE} available ({CHIPS_REASON}) and are predicted",
+              file=sys.stderr)
 
 
 # --- the run matrix -----------------------------------------------------------------------------------
 def sweep_runs():
-    """Unique (system, model, seq, batch) dicts over the sweep's matrices, in config order."""
+    """Unique (system, model, seq, batch, chips) dicts over the sweep's matrices, in config order."""
     seen, runs = set(), []
     for m in SW["matrices"]:
         for system in m["systems"]:
@@ -110,16 +115,45 @@ def sweep_runs():
                     continue
                 for seq in m["seq"]:
                     for batch in m["batch"]:
-                        key = (system, model, seq, batch)
-                        if key not in seen:
-                            seen.add(key)
-                            runs.append({"system": system, "model": model, "seq": seq, "batch": batch,
-                                         "matrix": m["name"]})
+                        for chips in m.get("chips") or [1]:
+                            key = (system, model, seq, batch, chips)
+                            if key not in seen:
+                                seen.add(key)
+                                runs.append({"system": system, "model": model, "seq": seq, "batch": batch,
+                                             "chips": chips, "matrix": m["name"]})
     return runs
 
 
-RUNS = sweep_runs()
+def detect_chips():
+    """(chips one run may use, why): `chips_available` from the config, else this machine's GPUs for a
+    CUDA sweep, or its cores for a CPU sweep (gloo ranks need a core each)."""
+    if config.get("chips_available"):
+        return int(config["chips_available"]), "chips_available in the config"
+    if SW["device"] == "cpu" or not HW["cuda"]:
+        if SW["device"] != "cpu":
+            return 1, "no CUDA GPU on this machine"
+        n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        return n, f"{n} cores for gloo ranks on this machine"
+    return HW.get("gpu_count") or 1, f"{HW.get('gpu_count')} CUDA GPUs on this machine"
+
+
+ALL_RUNS = sweep_runs()
+RUNS = [r for r in ALL_RUNS if r["chips"] == 1]
 RUN_RECORDS = [f"{RES}/runs/{r['system']}/{r['model']}_s{r['seq']}_b{r['batch']}.json" for r in RUNS]
+# Several chips: measured (one job running every rank) when the machine, or the cluster of the slurm
+# profile, has that many; otherwise the point is predicted by the cost model (paper_comparison), exactly
+# like the paper points a single GPU cannot measure.
+CHIPS_AVAILABLE, CHIPS_REASON = detect_chips()
+MULTINODE = config["multinode"]
+MULTI_RUNS = [r for r in ALL_RUNS if r["chips"] > 1 and r["chips"] <= CHIPS_AVAILABLE]
+PREDICTED_RUNS = [r for r in ALL_RUNS if r["chips"] > CHIPS_AVAILABLE]
+
+
+def multi_record(r):
+    return f"{RES}/runs_w{r['chips']}/{r['system']}/{r['model']}_s{r['seq']}_b{r['batch']}.json"
+
+
+MULTI_RECORDS = [multi_record(r) for r in MULTI_RUNS]
 # the sweep's distinct (model, seq, batch), for calibrate --workloads
 WORKLOADS = ",".join(dict.fromkeys(f"{r['model']}:{r['seq']}:{r['batch']}" for r in RUNS))
 
@@ -145,13 +179,31 @@ def bench_cmd(system, model, seq, batch, steps, warmup, options, threads=None, d
     return cmd + option_args(options)
 
 
-def guard(mode, out, log, cmd, **meta):
-    """Shell line: run `cmd` under workflows/scripts/guard.py, which always leaves a result at `out`."""
+def multi_cmd(system, model, seq, batch, chips, out):
+    """A run on `chips` ranks: `bench run --nproc` on this host, or (slurm profile, multinode.enabled)
+    workflows/scripts/launch_ranks.py, which runs srun + torchrun over the job's nodes when the ranks need
+    more than one node. Every rank is bound to its own cores (--bind-cores)."""
+    args = bench_cmd(system, model, seq, batch, STEPS, WARMUP, SW.get("system_options", {}).get(system, {}),
+                     threads=SW["threads"])[len(CLI):] + ["--bind-cores", "--out", out]
+    if MULTINODE["enabled"]:
+        return [PY, str(SCRIPTS / "launch_ranks.py"), "--chips", str(chips), "--gpus-per-node",
+                str(MULTINODE["gpus_per_node"]), "--port", str(MULTINODE["port"]), "--", *args]
+    return [*CLI, *args, "--nproc", str(chips)]
+
+
+def nodes_for(chips):
+    g = MULTINODE["gpus_per_node"]
+    return -(-int(chips) // g) if MULTINODE["enabled"] else 1
+
+
+def guard(mode, out, log, cmd, launcher=True, **meta):
+    """Shell line: run `cmd` under workflows/scripts/guard.py, which always leaves a result at `out`.
+    `launcher=False`: without the sweep's launcher prefix (multi-rank runs bind each rank themselves)."""
     g = [PY, str(SCRIPTS / "guard.py"), mode, "--out", out, "--log", log,
          "--timeout", str(config["run_timeout_s"])]
     for k, v in meta.items():
         g += [f"--{k.replace('_', '-')}", str(v)]
-    pre = shlex.split(LAUNCHER) if LAUNCHER else []
+    pre = shlex.split(LAUNCHER) if LAUNCHER and launcher else []
     return shlex.join(g + ["--", *pre, *cmd])
 
 
@@ -220,5 +272,6 @@ wildcard_constraints:
     seq="[0-9]+",
     batch="[0-9]+",
     variant="(cum|loo|alt)[a-z0-9_.\\-]*",
+    world="[0-9]+",
     case="[a-z0-9_.\\-]+",
     rep="[0-9]+",

@@ -22,6 +22,8 @@ rule sweep_info:
         info={"sweep": SWEEP, "reason": SWEEP_REASON, "hardware": HW, "settings": SW, "steps": STEPS,
               "warmup": WARMUP, "launcher": LAUNCHER, "only_systems": sorted(ONLY),
               "only_models": sorted(ONLY_MODELS), "runs": RUNS,
+              "multi_runs": MULTI_RUNS, "predicted_runs": PREDICTED_RUNS,
+              "chips_available": CHIPS_AVAILABLE, "chips_reason": CHIPS_REASON, "multinode": MULTINODE,
               "hardware_key": HW_KEY},
     run:
         Path(output[0]).parent.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,7 @@
 
 FIGURES_DIR = f"{RES}/figures"
 REPORT_HTML = f"{RES}/report.html"
-REPORT_INPUTS = [*RUN_RECORDS, *ABLATION_RECORDS, f"{RES}/ablation/variants.json", *MICROBENCH_FILES,
+REPORT_INPUTS = [*RUN_RECORDS, *MULTI_RECORDS, *ABLATION_RECORDS, f"{RES}/ablation/variants.json", *MICROBENCH_FILES,
                  CALIBRATION_FILE, *PREDICTION_FILES, f"{RES}/sweep.json",
                  f"{RES}/provenance/provenance.json"]
 

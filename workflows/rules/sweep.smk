@@ -27,3 +27,37 @@ rule bench_run:
             steps=STEPS, warmup=WARMUP),
     shell:
         "{params.cmd} > {log:q} 2>&1"
+
+
+rule bench_run_multi:
+    """A sweep point on several chips (a matrix's `chips`): all ranks in one job, rank 0 writes the record.
+    Only points the machine (or the slurm profile's cluster) can hold become jobs; the others are predicted
+    (docs/workflow.md, "Several chips")."""
+    output:
+        f"{RES}/runs_w{{world}}/{{system}}/{{model}}_s{{seq}}_b{{batch}}.json",
+    log:
+        f"{RES}/logs/runs_w{{world}}/{{system}}/{{model}}_s{{seq}}_b{{batch}}.log",
+    benchmark:
+        f"{RES}/benchmarks/runs_w{{world}}/{{system}}/{{model}}_s{{seq}}_b{{batch}}.tsv"
+    threads: EXCLUSIVE
+    resources:
+        gpu=1,
+        # the slurm executor: one torchrun per node, every GPU of the node (see profiles/slurm)
+        nodes=lambda wc: nodes_for(wc.world),
+        tasks=lambda wc: nodes_for(wc.world),
+        slurm_extra=lambda wc: "'--gpus-per-node={} --ntasks-per-node=1'".format(
+            min(int(wc.world), MULTINODE["gpus_per_node"])),
+    params:
+        settings={k: SW.get(k) for k in ("device", "dtype", "threads", "grad_clip", "checkpointing",
+                                         "system_options")} | {"steps": STEPS, "warmup": WARMUP,
+                                                                "launcher": LAUNCHER, "multinode": MULTINODE},
+        cmd=lambda wc, threads: guard(
+            "record", f"{RES}/runs_w{wc.world}/{wc.system}/{wc.model}_s{wc.seq}_b{wc.batch}.json",
+            f"{RES}/logs/runs_w{wc.world}/{wc.system}/{wc.model}_s{wc.seq}_b{wc.batch}.guard.log",
+            multi_cmd(wc.system, wc.model, wc.seq, wc.batch, wc.world,
+                      f"{RES}/runs_w{wc.world}/{wc.system}/{wc.model}_s{wc.seq}_b{wc.batch}.json"),
+            launcher=False,  # numactl / taskset would put every rank on one node: --bind-cores splits them
+            system=wc.system, model=wc.model, seq=wc.seq, batch=wc.batch, dtype=SW["dtype"],
+            steps=STEPS, warmup=WARMUP, world_size=wc.world),
+    shell:
+        "{params.cmd} > {log:q} 2>&1"

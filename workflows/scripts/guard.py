@@ -90,10 +90,12 @@ def error_record(a: argparse.Namespace, message: str) -> dict:
         "error": message,
         "system": a.system or "unknown",
         "model": _model_block(a.model or "unknown"),
+        "world_size": a.world_size or 1,
         "run": {
             "seq": a.seq or 1,
             "batch": a.batch or 1,
-            "global_batch": a.batch or 1,
+            "global_batch": (a.batch or 1) * (a.world_size or 1),
+            "world_size": a.world_size or 1,
             "dtype": a.dtype or "fp32",
             "steps": a.steps or 1,
             "warmup": a.warmup or 0,
@@ -141,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--what", default="result")
     for k in ("system", "model", "dtype"):
         p.add_argument(f"--{k}")
-    for k in ("seq", "batch", "steps", "warmup"):
+    for k in ("seq", "batch", "steps", "warmup", "world-size"):
         p.add_argument(f"--{k}", type=int)
     a = p.parse_args(argv[:i])
     cmd = argv[i + 1 :]
