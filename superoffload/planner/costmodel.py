@@ -7,8 +7,8 @@ ends of iterations 2 and 3 (iteration 1 starts with all weights already in place
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from superoffload.planner import buckets as bk
@@ -439,7 +439,8 @@ class _Builder:
                 if self._is_streamed(unit):
                     unit_ready.setdefault(unit, []).append(last)  # next fetch reads the host copy
             if spec.return_bytes and resident and not (self.link_aliased and not spec.return_device_cast):
-                deps = [last, validate] + ([all_adams] if spec.return_after_all else [])
+                deps = ([last] + ([validate] if spec.return_waits_validation else [])
+                        + ([all_adams] if spec.return_after_all else []))
                 mine = resident * self.shard  # with several ranks each returns its shard
                 t = costs.link("h2d", mine, spec.return_bytes, group.real_buckets, pageable=spec.return_pageable)
                 last = graph.add(f"it{it}.h2d{j}", H2D, t, deps, "h2d", it)
@@ -580,11 +581,14 @@ def engine_memory_input(opts: Options, hw: HardwareProfile, world: int = 1) -> E
 
 # ------------------------------------------------------------------------------------------ predict
 def predict(system: str, w: Workload, hw: HardwareProfile, opts: Options | None = None,
-            hbm_budget: float | None = None) -> Prediction:
-    """Predicted steady-state step of ``system`` on ``hw``; ``fits`` says whether memory allows it."""
+            hbm_budget: float | None = None, spec_changes: Mapping[str, Any] | None = None) -> Prediction:
+    """Predicted steady-state step of ``system`` on ``hw``; ``fits`` says whether memory allows it.
+    ``spec_changes``: SystemSpec fields replaced, to price a design alternative (what-if studies)."""
     opts = opts or Options()
     sh = w.shape
     spec = system_spec(system, opts, sh.total_params(), world=w.chips)
+    if spec_changes:
+        spec = replace(spec, **spec_changes)
     b = _Builder(w, hw, spec)
     graph = b.build()
     sched = simulate(graph)

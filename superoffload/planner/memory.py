@@ -26,7 +26,7 @@ def act_bytes_per_token(shape: ModelShape, precision_bytes: int = BF16) -> int:
 
     The tensors of Korthikanti et al.: attention (norm in, norm out, q/k/v, attention output) and MLP
     (residual in, norm out, fc output(s), activation output). The Hugging Face Llama layout keeps more,
-    measured on the simulated device's ledger (tests/engine/test_memory_plan.py): its RMSNorm works in
+    measured on the simulated device's ledger (tests/harness/test_bench_memory.py): its RMSNorm works in
     fp32 (with low-precision weights each norm keeps an fp32 copy of its input) and RoPE keeps q, k and
     their rotated halves."""
     h, f = shape.hidden, shape.ffn_hidden
@@ -51,7 +51,7 @@ def activation_memory(shape: ModelShape, seq: int, batch: int, checkpointing: bo
       and its incoming and outgoing fp32 gradients: three [tokens, vocab] tensors) and a block's
       backward (its activation gradients; with checkpointing also its recomputed activations).
 
-    Checked against the simulated device's ledger (tests/engine/test_memory_plan.py): for small-hidden
+    Checked against the simulated device's ledger (tests/harness/test_bench_memory.py): for small-hidden
     models the peak is in the loss backward."""
     tokens = seq * batch
     full_layer = act_bytes_per_token(shape, precision_bytes) * tokens

@@ -114,6 +114,11 @@ class SystemSpec:
     return_device_cast: bool = False  # fp32 upload, cast to bf16 on the device
     return_pageable: bool = False  # upload from a pageable temporary (blocks the host thread)
     return_after_all: bool = False  # uploads start only after every host step (serial write-back)
+    # the upload of a bucket's new weights waits for validation (the global norm / finite check). True for
+    # every system modelled: the engine keeps speculative weights apart until step() validates them
+    # (torch's semantics between backward() and step()); False models writing them into the live
+    # weights during backward instead (docs/cost_model.md, "Keeping speculation apart")
+    return_waits_validation: bool = True
     forward_waits_all: bool = False  # next forward waits for the whole step (vs per layer)
     flow_layers: frozenset[int] = field(default_factory=frozenset)
     fetch_bytes: int = 2  # H2D bytes/param of a streamed layer
