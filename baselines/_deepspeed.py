@@ -24,8 +24,8 @@ from typing import Any, ClassVar
 import torch
 
 from baselines._common import as_bool, as_count, ensure_process_group, parse_options
+from superoffload import ds_build
 from superoffload.device import get_device
-from superoffload.harness import ds_build
 from superoffload.harness.system import Batch, RunConfig
 from superoffload.harness.systems.torch_system import split_decay_groups
 from superoffload.shapes import ModelShape

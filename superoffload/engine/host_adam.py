@@ -30,6 +30,9 @@ def _ds_adam():
     if _ds_op is None:
         from deepspeed.ops.op_builder import CPUAdamBuilder  # JIT-builds once (~1 min), then cached
 
+        from superoffload.ds_build import prepare_deepspeed_ops
+
+        prepare_deepspeed_ops(("CPUAdamBuilder",))  # one line before a build; a dead build's lock is cleared
         _ds_op = CPUAdamBuilder().load()
     return _ds_op
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from superoffload.harness import ds_build
+from superoffload import ds_build
 
 
 @pytest.fixture

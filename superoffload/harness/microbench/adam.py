@@ -27,7 +27,7 @@ the cores GraceAdam's own thread pool (or the next OpenMP region) needs (docs/re
 has the size of that effect).
 
 The first run on a machine JIT-builds DeepSpeed's CPU Adam op (~1-2 min, cached in
-TORCH_EXTENSIONS_DIR); a line says so first (superoffload/harness/ds_build.py). The output is one JSON
+TORCH_EXTENSIONS_DIR); a line says so first (superoffload/ds_build.py). The output is one JSON
 file following superoffload/harness/adam_bench.schema.json, validated before it is written.
 """
 
@@ -274,7 +274,7 @@ def _prepare_deepspeed() -> None:
 
     if importlib.util.find_spec("deepspeed") is None:
         return
-    from superoffload.harness import ds_build
+    from superoffload import ds_build
 
     try:
         ds_build.prepare_deepspeed_ops(("CPUAdamBuilder",))
