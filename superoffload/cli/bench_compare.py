@@ -1,4 +1,8 @@
-"""`superoffload bench compare RESULTS_DIR`: one table over the records in a folder."""
+"""`superoffload bench compare RESULTS_DIR`: one table over the records in a folder.
+
+Records compare with the baseline of the same (model, seq, global batch, dtype, world size): tokens/s,
+TFLOPS and MFU are per device; a multi-rank record also shows its aggregate tokens/s (a record without
+`world_size` ran on one rank)."""
 
 from __future__ import annotations
 
@@ -22,9 +26,14 @@ def load_records(folder: str | Path) -> list[dict[str, Any]]:
     return recs
 
 
+def world_size(rec: dict[str, Any]) -> int:
+    w = rec.get("world_size", 1)
+    return w if isinstance(w, int) and w >= 1 else 1
+
+
 def config_key(rec: dict[str, Any]) -> tuple:
     r = rec["run"]
-    return (rec["model"]["name"], r["seq"], r["global_batch"], r["dtype"])
+    return (rec["model"]["name"], r["seq"], r["global_batch"], r["dtype"], world_size(rec))
 
 
 def compare_rows(recs: list[dict[str, Any]], baseline: str) -> list[dict[str, Any]]:
@@ -38,8 +47,10 @@ def compare_rows(recs: list[dict[str, Any]], baseline: str) -> list[dict[str, An
         b = base_tps.get(config_key(r))
         rows.append({
             "system": r["system"], "model": r["model"]["name"], "seq": r["run"]["seq"],
-            "batch": r["run"]["global_batch"], "dtype": r["run"]["dtype"], "status": r["status"],
-            "tokens_per_s": tps, "tflops": tp.get("model_tflops"), "mfu": tp.get("mfu"),
+            "batch": r["run"]["global_batch"], "dtype": r["run"]["dtype"], "world": world_size(r),
+            "status": r["status"], "tokens_per_s": tps,
+            "aggregate_tokens_per_s": tp.get("aggregate_tokens_per_s", tps),
+            "tflops": tp.get("model_tflops"), "mfu": tp.get("mfu"),
             "hfu": tp.get("hfu"), "peak_device_gib": (mem.get("peak_device_bytes") or 0) / 2**30 or None,
             "peak_rss_gib": (mem.get("peak_host_rss_bytes") or 0) / 2**30 or None,
             "ratio": (tps / b) if (tps and b) else None,
@@ -48,8 +59,9 @@ def compare_rows(recs: list[dict[str, Any]], baseline: str) -> list[dict[str, An
 
 
 def format_table(rows: list[dict[str, Any]], baseline: str) -> str:
-    cols = [("system", "{}"), ("model", "{}"), ("seq", "{}"), ("batch", "{}"), ("dtype", "{}"),
-            ("status", "{}"), ("tokens_per_s", "{:.0f}"), ("tflops", "{:.3f}"), ("mfu", "{:.1%}"),
+    cols = [("system", "{}"), ("model", "{}"), ("seq", "{}"), ("batch", "{}"), ("dtype", "{}"), ("world", "{}"),
+            ("status", "{}"), ("tokens_per_s", "{:.0f}"), ("aggregate_tokens_per_s", "{:.0f}"),
+            ("tflops", "{:.3f}"), ("mfu", "{:.1%}"),
             ("hfu", "{:.1%}"), ("peak_device_gib", "{:.2f}"), ("peak_rss_gib", "{:.2f}"), ("ratio", "{:.2f}x")]
     head = [c if c != "ratio" else f"vs {baseline}" for c, _ in cols]
     body = [[("-" if r[c] is None else f.format(r[c])) for c, f in cols] for r in rows]

@@ -61,3 +61,20 @@ def test_error_record_for_ranks_that_left_none() -> None:
     rec = error_record(run, "4 ranks exited with 1 without writing a record")
     record.validate(rec)
     assert rec["status"] == "error" and rec["world_size"] == 4 and rec["run"]["global_batch"] == 4 * 2
+
+
+def test_bench_compare_keys_on_world_size(rec: dict) -> None:
+    from superoffload.cli.bench_compare import compare_rows, format_table
+
+    two = copy.deepcopy(rec)
+    two.update(world_size=2, system="superoffload")
+    two["run"]["global_batch"] = rec["run"]["global_batch"]  # the same global batch, on two ranks
+    two["throughput"]["aggregate_tokens_per_s"] = 2 * rec["throughput"]["tokens_per_s"]
+    old = copy.deepcopy(rec)
+    del old["world_size"]  # an older record: one rank
+    rows = compare_rows([rec, two, old], "torch")
+    by = {(r["system"], r["world"]): r for r in rows}
+    assert by[("superoffload", 2)]["ratio"] is None  # no torch record on two ranks to compare with
+    assert by[("superoffload", 2)]["aggregate_tokens_per_s"] == 2 * rec["throughput"]["tokens_per_s"]
+    assert [r["world"] for r in rows if r["system"] == "torch"] == [1, 1]
+    assert "aggregate_tokens_per_s" in format_table(rows, "torch")
