@@ -27,7 +27,10 @@ from superoffload.planner.memory import (
     EngineMemoryInput,
     MemoryEstimate,
     activation_memory,
+    checkpoint_host_bytes,
     engine_memory,
+    loss_tile_rows,
+    ulysses_kv_repeat,
 )
 from superoffload.planner.schedule import COMPUTE, D2H, H2D, HOST, NET, Graph, Schedule, simulate
 from superoffload.planner.systems import Options, SystemSpec, system_spec
@@ -39,16 +42,53 @@ ITERATIONS = 3
 @dataclass(frozen=True)
 class Workload:
     shape: ModelShape
-    seq: int
+    seq: int  # sequence length (the global one under sequence parallelism)
     batch: int  # micro-batch (sequences)
     activation_checkpointing: bool = True
     dtype: str | None = None  # compute dtype; a profiled-compute entry must match it when given
-    chips: int = 1  # data-parallel ranks, one per chip, each with its own micro-batch and host
+    chips: int = 1  # ranks, one per chip, each with its own host; chips / sp data-parallel groups
     ranks_per_node: int | None = None  # None: as many as a node of the profile holds
+    # Long sequences (superoffload/sequence, docs/cost_model.md "Long sequences"):
+    sp: int = 1  # Ulysses sequence-parallel degree: each group of sp consecutive ranks shares its sequences
+    offload_checkpoints: bool = False  # checkpointed blocks' inputs in host memory (ActivationOffloader)
+    loss_tile: int | None = None  # tokens per tile of the tiled cross-entropy; None: the plain loss
 
     def __post_init__(self) -> None:
         if self.chips < 1 or (self.ranks_per_node is not None and self.ranks_per_node < 1):
             raise ValueError(f"chips and ranks_per_node must be >= 1, got {self.chips}, {self.ranks_per_node}")
+        if not isinstance(self.sp, int) or isinstance(self.sp, bool) or self.sp < 1:
+            raise ValueError(f"sp (the sequence-parallel degree) must be a positive integer, got {self.sp!r}")
+        if self.sp > 1:
+            if self.chips % self.sp:
+                raise ValueError(f"sp={self.sp} must divide chips={self.chips} (chips = sp x data-parallel degree)")
+            ulysses_kv_repeat(self.shape.heads, self.shape.n_kv_heads, self.sp)  # raises on heads it cannot split
+            if self.seq % self.sp:
+                raise ValueError(f"seq={self.seq} must be divisible by sp={self.sp} (every rank holds seq/sp tokens)")
+        if self.offload_checkpoints and not self.activation_checkpointing:
+            raise ValueError("offload_checkpoints keeps activation checkpoints in host memory: it needs "
+                             "activation checkpointing")
+        if self.loss_tile is not None and (not isinstance(self.loss_tile, int) or isinstance(self.loss_tile, bool)
+                                           or self.loss_tile < 1):
+            raise ValueError(f"loss_tile must be a positive number of tokens (or None), got {self.loss_tile!r}")
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel degree: groups of sp ranks, each with its own micro-batch."""
+        return self.chips // self.sp
+
+    @property
+    def local_seq(self) -> int:
+        """Tokens of each sequence one rank holds (seq / sp)."""
+        return self.seq // self.sp
+
+    @property
+    def local_tokens(self) -> int:
+        """Tokens per micro-batch on one rank (everything but attention runs on these)."""
+        return self.local_seq * self.batch
+
+    @property
+    def long_sequence(self) -> bool:
+        return self.sp > 1 or self.offload_checkpoints or self.loss_tile is not None
 
 
 @dataclass
@@ -88,10 +128,10 @@ class _Costs:
     """Durations of every op kind for one workload on one profile."""
 
     def __init__(self, w: Workload, hw: HardwareProfile) -> None:
-        lf = layer_forward_flops(w.shape, w.seq, w.batch)
+        lf = layer_forward_flops(w.shape, w.seq, w.batch, w.sp)
         mm = hw.device_matmul_flops
         self.fwd_layer = lf.matmul / mm + attention_seconds(hw, lf.attention)
-        self.fwd_head = head_forward_flops(w.shape, w.seq, w.batch) / mm
+        self.fwd_head = head_forward_flops(w.shape, w.local_seq, w.batch) / mm
         self.bwd_layer = 2 * self.fwd_layer
         if hw.matmul_curve is not None and hw.elementwise_gbps and hw.op_overhead_s is not None:
             self.fwd_layer, self.fwd_head = _small_op_forward(w, hw, lf.attention)
@@ -100,7 +140,7 @@ class _Costs:
             ratio = hw.attention_bwd_ratio if hw.attention_bwd_ratio is not None else 2.0
             self.bwd_layer = 2 * (self.fwd_layer - attn) + ratio * attn
             # measured activation: forward 1/3, backward 2/3 of its fwd+bwd time (as op_overhead_s)
-            gelu = ov.gelu_seconds(w.shape, w.seq * w.batch, hw)
+            gelu = ov.gelu_seconds(w.shape, w.local_tokens, hw)
             if gelu is not None:
                 self.fwd_layer += gelu / 3
                 self.bwd_layer += 2 * gelu / 3
@@ -115,6 +155,29 @@ class _Costs:
             self.fwd_layer, self.bwd_layer = p["block_fwd_s"], p["block_bwd_s"]
             self.fwd_head, self.bwd_head = p["top_fwd_s"], p["top_bwd_s"]
         self.hw = hw
+        self._long_sequence(w, hw)
+
+    def _long_sequence(self, w: Workload, hw: HardwareProfile) -> None:
+        """Durations of the long-sequence pieces (docs/cost_model.md, "Long sequences"): per block the
+        Ulysses all-to-alls (forward: q, k, v in and the output back; backward: their transposes, as many
+        bytes), the checkpoint's copy to the host and back, and the tiled loss's extra backward work."""
+        sh, p = w.shape, _activation_bytes(w)
+        tokens = w.local_tokens
+        self.a2a = ulysses_block_seconds(w, hw)
+        ckpt = p * sh.hidden * tokens  # one block's input
+        self.ckpt_d2h = hw.link("d2h").seconds(ckpt) if w.offload_checkpoints else 0.0
+        self.ckpt_h2d = hw.link("h2d").seconds(ckpt) if w.offload_checkpoints else 0.0
+        self.loss_tiles = 0
+        if w.loss_tile is not None:
+            # backward recomputes each tile's logits (the head's forward again), then forms the hidden-state
+            # gradient in the training precision and the weight gradient from fp32 copies of h and g into an
+            # fp32 accumulator (sequence/loss.py): that GEMM runs at the fp32 rate instead of the bf16 one
+            gemm = head_forward_flops(sh, w.local_seq, w.batch)
+            self.loss_tiles = -(-tokens // loss_tile_rows(tokens, w.loss_tile))
+            self.bwd_head += self.fwd_head + max(0.0, gemm / hw.fp32_matmul_flops() - gemm / hw.device_matmul_flops)
+            if hw.op_overhead_s is not None:  # the per-tile loop's dispatches, forward and backward
+                self.fwd_head += (self.loss_tiles - 1) * HEAD_OPS * hw.op_overhead_s / 3
+                self.bwd_head += (self.loss_tiles - 1) * HEAD_OPS * 2 * hw.op_overhead_s / 3
 
     def link(self, direction: str, params: float, bytes_per_param: int, real: int,
              pageable: bool = False) -> float:
@@ -135,6 +198,22 @@ class _Costs:
         return params * 2 * FP32 / (self.hw.device_hbm_gbps * 1e9)
 
 
+def _activation_bytes(w: Workload) -> int:
+    return FP32 if w.dtype == "fp32" else BF16
+
+
+def ulysses_block_seconds(w: Workload, hw: HardwareProfile) -> float:
+    """One block's Ulysses all-to-alls in one direction on one rank: q, k, v sequence-to-heads and the
+    attention output back (four calls), each rank's [local tokens, width] tensors in the activation dtype;
+    KV heads repeated when SP exceeds them. 0 without sequence parallelism."""
+    if w.sp <= 1:
+        return 0.0
+    sh = w.shape
+    rep = ulysses_kv_repeat(sh.heads, sh.n_kv_heads, w.sp)
+    width = 2 * sh.heads * sh.head_dim + 2 * sh.n_kv_heads * sh.head_dim * rep  # q, output; k, v
+    return hw.all_to_all_seconds(_activation_bytes(w) * w.local_tokens * width, w.sp, w.ranks_per_node, calls=4)
+
+
 # Per transformer block forward: ~12 dispatched ops (2 norms, 4 GEMMs, attention, activation, 2 residual
 # adds, reshapes) and ~(14h + 2f) activation elements read or written per token outside the GEMMs;
 # the head adds the logits GEMM and ~4V elements per token of loss traffic. Backward is charged 2x
@@ -153,6 +232,8 @@ def _block_gemms(shape, tokens: int) -> list[tuple[int, int, int]]:
 def profiled_compute(w: Workload, hw: HardwareProfile) -> dict[str, Any] | None:
     """The profile's measured compute for this workload (calibrate --workloads), or None when it has
     none whose shape signature and dtype match."""
+    if w.sp > 1:  # a profile times one rank holding the whole sequence
+        return None
     entry = (hw.compute_profiles or {}).get(workload_key(w.shape.name, w.seq, w.batch))
     if entry is None or entry.get("shape") != shape_signature(w.shape):
         return None
@@ -177,7 +258,7 @@ def _gemm_seconds(hw: HardwareProfile, m: int, k: int, n: int) -> float:
 def _small_op_forward(w: Workload, hw: HardwareProfile, attention_flops: float) -> tuple[float, float]:
     """Forward seconds of one block and of the head with per-GEMM efficiency, elementwise traffic and
     per-op dispatch (used when the profile was measured by calibrate)."""
-    sh, tokens = w.shape, w.seq * w.batch
+    sh, tokens = w.shape, w.local_tokens
     gemm = sum(_gemm_seconds(hw, *g) for g in _block_gemms(sh, tokens))
     attn = attention_seconds(hw, attention_flops)
     # the MLP activation's 2f elements of traffic are in its measured time when calibrate measured it
@@ -288,20 +369,28 @@ class _Builder:
 
     def _forward(self, it: int, prev: int | None, waits: Callable[[str], list[int]], slot_users: list[int],
                  marks: _IterMarks, first_micro: bool) -> int:
-        """One micro-batch's forward: embedding, blocks (fetching flowed ones), head. Returns the last op."""
+        """One micro-batch's forward: embedding, blocks (fetching flowed ones), head. Returns the last op.
+
+        Long sequences: each block's input is copied to the host (checkpoint offload; a side stream that
+        first waits for the compute stream, so after the op that produced the input, overlapping the block),
+        and each block's Ulysses all-to-alls follow its compute on the communication stream."""
         graph, costs = self.graph, self.costs
         prev = graph.barrier(f"it{it}.fwd_emb", [prev] + waits(bk.EMB), it)
+        self._ckpt_d2h: list[int] = []
         for i in range(self.layers):
             unit = bk.layer_unit(i)
             if i in self.stream:
                 deps = [prev] + self._fetch(it, i, waits(unit), slot_users, "f")
             else:
                 deps = [prev] + waits(unit)
+            if self.w.offload_checkpoints:
+                self._ckpt_d2h.append(graph.add(f"it{it}.ckpt_d2h{i}", D2H, costs.ckpt_d2h, [prev], "ckpt_d2h", it))
             prev = graph.add(f"it{it}.fwd{i}", COMPUTE, costs.fwd_layer, deps, "forward", it)
             if marks.first_forward < 0:
                 marks.first_forward = prev
             if i in self.stream:
                 slot_users.append(prev)
+            prev = self._all_to_all(it, f"f{i}", prev)
         head_waits = waits(bk.FINAL) + (waits(bk.EMB) if self.w.shape.tied_embeddings else [])
         prev = graph.add(f"it{it}.fwd_head", COMPUTE, costs.fwd_head, [prev] + head_waits, "forward", it)
         if marks.first_forward < 0:
@@ -310,25 +399,48 @@ class _Builder:
             marks.last_forward = prev
         return prev
 
+    def _all_to_all(self, it: int, tag: str, prev: int) -> int:
+        """A block's four Ulysses all-to-alls (sequence parallelism only), after its compute."""
+        if self.w.sp <= 1:
+            return prev
+        return self.graph.add(f"it{it}.a2a_{tag}", NET, self.costs.a2a, [prev], "all_to_all", it)
+
     def _backward(self, it: int, prev: int, slot_users: list[int], last_micro: bool, iter_ops: list[int]) -> int:
         """One micro-batch's backward: head, blocks last to first (recomputed when checkpointing, flowed
         ones fetched again), embedding; each unit's gradients start their buckets' path as they complete.
-        Returns the last op."""
+        Returns the last op.
+
+        Offloaded checkpoints come back as ActivationOffloader brings them (sequence/checkpoint.py): the
+        last block's input on demand (its recompute waits for the copy), every other block's input is
+        prefetched when the next block's recompute starts, i.e. after the compute queued before it, on the
+        same side stream as the forward's copies (so after them)."""
         graph, costs = self.graph, self.costs
         grad_ready: dict[str, int] = {}
         prev = graph.add(f"it{it}.bwd_head", COMPUTE, costs.bwd_head, [prev], "backward", it)
         grad_ready[bk.FINAL] = prev
         emitted = self._emit_ready(it, grad_ready, 0, last_micro, iter_ops)
+        offload = self.w.offload_checkpoints and self.w.activation_checkpointing
+        fetched: int | None = None
+        if offload:  # on demand: the side stream waits for the compute queued so far and its own copies
+            fetched = graph.add(f"it{it}.ckpt_h2d{self.layers - 1}", H2D, costs.ckpt_h2d,
+                                [prev, self._ckpt_d2h[-1]], "ckpt_h2d", it)
         for i in reversed(range(self.layers)):
             deps = [prev]
             if i in self.stream:
                 deps += self._fetch(it, i, [], slot_users, "b")
             if self.w.activation_checkpointing:
+                if offload:
+                    deps.append(fetched)
+                    # the unpack of block i prefetches block i-1's input
+                    fetched = (graph.add(f"it{it}.ckpt_h2d{i - 1}", H2D, costs.ckpt_h2d, [prev, fetched],
+                                         "ckpt_h2d", it) if i > 0 else None)
                 prev = graph.add(f"it{it}.rec{i}", COMPUTE, costs.fwd_layer, deps, "recompute", it)
+                prev = self._all_to_all(it, f"r{i}", prev)
                 deps = [prev]
             prev = graph.add(f"it{it}.bwd{i}", COMPUTE, costs.bwd_layer, deps, "backward", it)
             if i in self.stream:
                 slot_users.append(prev)
+            prev = self._all_to_all(it, f"b{i}", prev)
             grad_ready[bk.layer_unit(i)] = prev
             emitted = self._emit_ready(it, grad_ready, emitted, last_micro, iter_ops)
         prev = graph.barrier(f"it{it}.bwd_emb", [prev], it)
@@ -511,19 +623,38 @@ def estimate_memory(w: Workload, hw: HardwareProfile, spec: SystemSpec, opts: Op
     n = sh.total_params()
     layer = sh.block_params()
     m = MemoryEstimate()
-    m.device.update(activation_memory(sh, w.seq, w.batch, w.activation_checkpointing))
+    m.device.update(activation_memory(sh, w.seq, w.batch, w.activation_checkpointing, sp=w.sp,
+                                      offload_checkpoints=w.offload_checkpoints, loss_tile=w.loss_tile))
     m.device["reserve"] = hw.device_reserve_bytes
     m.host["reserve"] = hw.host_reserve_bytes
+    if w.offload_checkpoints and w.activation_checkpointing:
+        m.host["activation_checkpoints"] = checkpoint_host_bytes(sh, w.seq, w.batch, sp=w.sp)
+        m.pinned_keys.add("activation_checkpoints")
     if spec.grad_accum > 1 and not spec.device_only:
         m.device["grad_accum_buffer"] = BF16 * n
     world = max(1, spec.world)
     shard = 1.0 / world if spec.shard_optimizer else 1.0  # the share of the state this rank holds
     if spec.name == "superoffload":
         # the engine's own allocations, as its memory ledger counts them (memory.engine_memory)
-        mem = engine_memory(sh, w.seq, w.batch, w.activation_checkpointing, engine_memory_input(opts, hw, world))
+        mem = engine_memory(sh, w.seq, w.batch, w.activation_checkpointing, engine_memory_input(opts, hw, world, w))
         mem.device["reserve"] = hw.device_reserve_bytes
         mem.host["reserve"] = hw.host_reserve_bytes
         return mem
+    if spec.name == "ulysses":
+        # ZeRO-3 without offload: this rank's partition of the bf16 weights, bf16 gradients and fp32 master,
+        # m and v (16 B/param over the world); the unit being used (a layer, or the largest embedding table:
+        # gathered like a layer) plus the prefetched layers; the full gradient of a gathered unit before its
+        # reduce-scatter; DeepSpeed's reduce bucket
+        wte = sh.vocab * sh.hidden
+        wpe = sh.max_seq * sh.hidden if sh.learned_positions else 0
+        biggest = max(layer, wte, wpe)
+        m.device["params_bf16"] = BF16 * n * shard
+        m.device["grads_bf16"] = BF16 * n * shard
+        m.device["optimizer_state"] = ADAM_STATE * n * shard
+        m.device["gathered_params"] = BF16 * (biggest + spec.flow_prefetch * layer) if world > 1 else 0
+        m.device["unit_grads_bf16"] = BF16 * biggest
+        m.device["grad_staging"] = BF16 * min(spec.bucket_size, n)
+        return m
     if spec.device_only:
         # fp32 params + fp32 grads + Adam m, v, plus autocast's bf16 weight copies kept for backward
         m.device["params_fp32"] = FP32 * n
@@ -570,13 +701,16 @@ def estimate_memory(w: Workload, hw: HardwareProfile, spec: SystemSpec, opts: Op
     return m
 
 
-def engine_memory_input(opts: Options, hw: HardwareProfile, world: int = 1) -> EngineMemoryInput:
-    """The SuperOffload engine config a prediction's options stand for."""
+def engine_memory_input(opts: Options, hw: HardwareProfile, world: int = 1,
+                        w: Workload | None = None) -> EngineMemoryInput:
+    """The SuperOffload engine config a prediction's options stand for (and the workload's long-sequence
+    pieces, which set the model's share)."""
     return EngineMemoryInput(
         precision=opts.precision, bucket_size=opts.bucket_size, device_tail_buckets=opts.device_tail_buckets,
         flow_layers=tuple(opts.flow_layers), flow_prefetch=opts.flow_prefetch, grad_cast=opts.grad_cast,
         param_cast=opts.param_cast, rollback_mode=opts.rollback_mode, grad_accum=opts.grad_accum, world=world,
-        device_is_host=hw.device_is_host)
+        device_is_host=hw.device_is_host, sp=w.sp if w else 1,
+        offload_checkpoints=bool(w and w.offload_checkpoints), loss_tile=w.loss_tile if w else None)
 
 
 # ------------------------------------------------------------------------------------------ predict
@@ -606,9 +740,9 @@ def _summarise(system: str, w: Workload, hw: HardwareProfile, opts: Options, spe
     # time the device waits for parameters (device Adam in that window is work, not tail)
     tail = sched.idle(COMPUTE, sched.finish[b.marks[it - 1].last_backward],
                       sched.finish[b.marks[it].last_forward])
-    tokens = w.seq * w.batch * spec.grad_accum
-    model_flops = step_model_flops(sh, w.seq, tokens)
-    hw_flops = step_hardware_flops(sh, w.seq, w.batch, spec.grad_accum, w.activation_checkpointing)
+    tokens = w.local_tokens * spec.grad_accum  # this rank's (1/sp of its group's sequences)
+    model_flops = step_model_flops(sh, w.seq, tokens)  # attention over the global sequence
+    hw_flops = step_hardware_flops(sh, w.seq, w.batch, spec.grad_accum, w.activation_checkpointing, w.sp)
     mem = estimate_memory(w, hw, spec, opts)
     budget = hw.device_hbm_bytes if hbm_budget is None else hbm_budget
     host_cap = hw.host_memory_bytes
@@ -633,5 +767,7 @@ def _summarise(system: str, w: Workload, hw: HardwareProfile, opts: Options, spe
                  "grad_cast": "device" if spec.grad_device_cast else ("host" if spec.grad_host_cast else None),
                  "activation_checkpointing": w.activation_checkpointing,
                  "compute": "profiled" if b.costs.profiled is not None else "op-model",
-                 **({"chips": w.chips, "ranks_per_node": w.ranks_per_node} if w.chips > 1 else {})},
+                 **({"chips": w.chips, "ranks_per_node": w.ranks_per_node} if w.chips > 1 else {}),
+                 **({"sp": w.sp, "offload_checkpoints": w.offload_checkpoints, "loss_tile": w.loss_tile}
+                    if w.long_sequence else {})},
         notes=notes, chips=w.chips, aggregate_tokens_per_s=tokens / period * w.chips)

@@ -19,12 +19,16 @@ def _shape(model: str | ModelShape) -> ModelShape:
 
 def explain(model: str | ModelShape, seq: int, batch: int, hardware: str | Path = "gh200",
             activation_checkpointing: bool = True, json: bool = False,
-            hbm_budget: float | None = None, chips: int = 1, ranks_per_node: int | None = None) -> str:
-    """The plan as text (or JSON with ``json=True``) for one rank of ``chips`` data-parallel ranks."""
+            hbm_budget: float | None = None, chips: int = 1, ranks_per_node: int | None = None,
+            sp: int | None = None, offload_checkpoints: bool | None = None, loss_tile: int | None = None) -> str:
+    """The plan as text (or JSON with ``json=True``) for one rank of ``chips`` ranks (``chips / sp``
+    data-parallel groups of ``sp`` sequence-parallel ranks; None: the planner chooses, as for
+    ``offload_checkpoints`` and ``loss_tile``, 0 = the plain loss)."""
     shape = _shape(model)
     hw = get_profile(hardware)
     plan = make_plan(shape, seq, batch, hw, activation_checkpointing=activation_checkpointing,
-                     hbm_budget=hbm_budget, chips=chips, ranks_per_node=ranks_per_node)
+                     hbm_budget=hbm_budget, chips=chips, ranks_per_node=ranks_per_node, sp=sp,
+                     offload_checkpoints=offload_checkpoints, loss_tile=loss_tile)
     if json:
         return jsonlib.dumps({"plan": plan.to_dict(), "hardware": hw.to_dict()}, indent=2, sort_keys=True)
     return format_plan(plan, shape)
@@ -47,9 +51,11 @@ def _ranges(xs: list[int]) -> str:
 def format_plan(plan: Plan, shape: ModelShape) -> str:
     p = plan.predicted
     chips = getattr(plan, "chips", 1)
-    on = f"{chips} x {plan.hardware} (micro-batch per chip)" if chips > 1 else plan.hardware
+    sp = getattr(plan, "sp", 1)
+    on = (plan.hardware if chips == 1 else f"{chips} x {plan.hardware} (micro-batch per chip)" if sp == 1
+          else f"{chips} x {plan.hardware} (micro-batch per group of {sp} sequence-parallel chips)")
     lines = [
-        f"Plan for {shape.name} ({shape.total_params() / 1e9:.2f}B params), seq {plan.seq}, "
+        f"Plan for {shape.name} ({(p.params if p else shape.total_params()) / 1e9:.2f}B params), seq {plan.seq}, "
         f"micro-batch {plan.batch}, on {on}"
         f"{'' if plan.activation_checkpointing else ' (no activation checkpointing)'}",
         "",
@@ -64,6 +70,14 @@ def format_plan(plan: Plan, shape: ModelShape) -> str:
         f"  rollback_mode        {plan.rollback_mode}",
         f"  speculation          {str(plan.speculation).lower()}",
     ]
+    if sp > 1 or plan.offload_checkpoints or plan.loss_tile is not None:
+        lines += [
+            "  long sequences (model side, superoffload.sequence):",
+            f"    sp                 {sp} (Ulysses; {chips // sp} data-parallel group"
+            f"{'s' if chips // sp > 1 else ''}, {plan.seq // sp:,} tokens of each sequence per rank)",
+            f"    offload_checkpoints {str(plan.offload_checkpoints).lower()}",
+            f"    loss_tile          {'plain loss' if plan.loss_tile is None else f'{plan.loss_tile:,} tokens'}",
+        ]
     if p is not None:
         lines += [
             "",
@@ -81,8 +95,26 @@ def format_plan(plan: Plan, shape: ModelShape) -> str:
         ]
         stages = sorted(p.stage_s.items(), key=lambda kv: -kv[1])
         lines += [f"    {k:<18} {v * 1e3:9.1f} ms" for k, v in stages]
+        lines += [""] + format_memory(p.memory, plan.hbm_budget_bytes, chips > 1)
     lines += ["", "Why:"] + [f"  - {r}" for r in plan.reasons]
     return "\n".join(lines)
+
+
+def format_memory(memory: dict, budget: float | None = None, per_rank: bool = False) -> list[str]:
+    """A prediction's memory (``Prediction.memory``) by category, device and host, in GB."""
+    if not memory or "device" not in memory:
+        return []
+    pinned = set(memory.get("pinned_keys", ()))
+    device, host = memory["device"], memory.get("host", {})
+    dev_total, host_total = sum(device.values()), sum(host.values())
+    pinned_total = sum(v for k, v in host.items() if k in pinned)
+    of = f" of {budget / GB:.1f} GB budget" if budget else ""
+    lines = [f"Memory by category{' (per rank)' if per_rank else ''}:",
+             f"  device                   {dev_total / GB:9.2f} GB{of}"]
+    lines += [f"    {k:<22} {v / GB:9.2f} GB" for k, v in device.items()]
+    lines += [f"  host                     {host_total / GB:9.2f} GB ({pinned_total / GB:.2f} GB pinned)"]
+    lines += [f"    {k:<22} {v / GB:9.2f} GB{' pinned' if k in pinned else ''}" for k, v in host.items()]
+    return lines
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -91,6 +123,15 @@ def _run(args: argparse.Namespace) -> int:
         for name in ("seq", "batch", "chips"):
             if getattr(args, name) < 1:
                 raise ValueError(f"--{name} must be a positive integer, got {getattr(args, name)}")
+        if args.sp is not None:
+            if args.sp < 1:
+                raise ValueError(f"--sp must be a positive integer, got {args.sp}")
+            if args.chips % args.sp:
+                raise ValueError(f"--sp {args.sp} must divide --chips {args.chips} (chips = sp x data-parallel groups)")
+            if args.seq % args.sp:
+                raise ValueError(f"--seq {args.seq} must be divisible by --sp {args.sp} (a rank holds seq/sp tokens)")
+        if args.loss_tile is not None and args.loss_tile < 0:
+            raise ValueError(f"--loss-tile must be >= 0 tokens (0: the plain loss), got {args.loss_tile}")
         if args.ranks_per_node is not None and not args.ranks_per_node >= 1:
             raise ValueError(f"--ranks-per-node must be a positive integer, got {args.ranks_per_node}")
         if args.hbm_budget_gb is not None and not args.hbm_budget_gb > 0:
@@ -98,7 +139,8 @@ def _run(args: argparse.Namespace) -> int:
         text = explain(args.model, args.seq, args.batch, args.hardware,
                        activation_checkpointing=not args.no_checkpointing, json=args.json,
                        hbm_budget=args.hbm_budget_gb * GB if args.hbm_budget_gb else None,
-                       chips=args.chips, ranks_per_node=args.ranks_per_node)
+                       chips=args.chips, ranks_per_node=args.ranks_per_node, sp=args.sp,
+                       offload_checkpoints=args.offload_checkpoints, loss_tile=args.loss_tile)
     except PlanInfeasible as e:
         return _fail("infeasible", e)
     except ValueError as e:  # unknown model or hardware, a bad profile file, a bad number
@@ -128,4 +170,11 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
                         "host holds 1/chips of the optimizer state; collectives are charged per link class")
     p.add_argument("--ranks-per-node", type=int, default=None,
                    help="chips per node in the layout (default: as many as a node of the profile holds)")
+    p.add_argument("--sp", type=int, default=None,
+                   help="Ulysses sequence-parallel degree: divides --chips and the model's heads; each rank holds "
+                        "seq/sp tokens (default: the planner chooses, 1 unless memory needs more)")
+    p.add_argument("--offload-checkpoints", action=argparse.BooleanOptionalAction, default=None,
+                   help="activation checkpoints in host memory (default: the planner chooses)")
+    p.add_argument("--loss-tile", type=int, default=None,
+                   help="tokens per tile of the tiled loss, 0 for the plain loss (default: the planner chooses)")
     p.set_defaults(func=_run)

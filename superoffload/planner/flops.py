@@ -29,11 +29,14 @@ class LayerFlops:
         return self.matmul + self.attention
 
 
-def layer_forward_flops(shape: ModelShape, seq: int, batch: int) -> LayerFlops:
+def layer_forward_flops(shape: ModelShape, seq: int, batch: int, sp: int = 1) -> LayerFlops:
+    """One rank's share: ``seq`` is the global sequence length, ``sp`` the sequence-parallel degree."""
     tokens = seq * batch
     # causal: QKᵀ and AV each cost 2·s²·width per sequence at full mask, half of it under the mask
     attention = 2.0 * batch * seq * seq * attn_width(shape)
-    return LayerFlops(matmul=2.0 * shape.block_params() * tokens, attention=attention)
+    if sp == 1:
+        return LayerFlops(matmul=2.0 * shape.block_params() * tokens, attention=attention)
+    return LayerFlops(matmul=2.0 * shape.block_params() * tokens / sp, attention=attention / sp)
 
 
 def head_forward_flops(shape: ModelShape, seq: int, batch: int) -> float:
@@ -49,12 +52,12 @@ def step_model_flops(shape: ModelShape, seq: int, tokens: int) -> float:
 
 
 def step_hardware_flops(shape: ModelShape, seq: int, batch: int, micro_steps: int,
-                        activation_checkpointing: bool) -> float:
-    """Model FLOPs plus the recomputed forward of every block when checkpointing."""
-    model = step_model_flops(shape, seq, seq * batch * micro_steps)
+                        activation_checkpointing: bool, sp: int = 1) -> float:
+    """Model FLOPs plus the recomputed forward of every block when checkpointing (one rank's, of ``sp``)."""
+    model = step_model_flops(shape, seq, seq * batch * micro_steps // sp)
     if not activation_checkpointing:
         return model
-    return model + micro_steps * shape.layers * layer_forward_flops(shape, seq, batch).total
+    return model + micro_steps * shape.layers * layer_forward_flops(shape, seq, batch, sp).total
 
 
 def megatron_flops(shape: ModelShape, seq: int, batch: int, activation_checkpointing: bool) -> float:

@@ -162,6 +162,10 @@ class HardwareProfile:
     inter_node_gbps: float | None = None
     intra_node_latency_s: float = 5e-6
     inter_node_latency_s: float = 10e-6
+    # achievable fp32 (no tensor-core) matmul FLOP/s: torch runs an fp32 GEMM as true fp32 unless TF32 is
+    # switched on. Only the tiled loss's weight-gradient GEMM runs in fp32 (sequence/loss.py); None: at
+    # device_matmul_flops
+    device_fp32_matmul_flops: float | None = None
 
     # --- derived rates ---------------------------------------------------------------------------
     def host_adam_seconds(self, params: float, host_optimizer: str, extra_bytes_per_param: float = 0.0) -> float:
@@ -202,6 +206,28 @@ class HardwareProfile:
         latency = self.inter_node_latency_s if across else self.intra_node_latency_s
         one = (world - 1) * latency + (world - 1) / world * nbytes / (gbps * GB)  # type: ignore[operator]
         return 2 * one if kind == "all_reduce" else one
+
+    def all_to_all_seconds(self, nbytes: float, group: int, ranks_per_node: int | None = None,
+                           calls: int = 1) -> float:
+        """``calls`` all-to-alls over ``group`` ranks, each rank sending and receiving ``nbytes`` in all
+        (its whole buffer; the 1/group share that stays on the rank does not move).
+
+        Every call pays one step latency; the bytes go to the other ranks at once. Inside a node
+        (the group's consecutive ranks fit ``ranks_per_node``): (group-1)/group x nbytes over the intra-node
+        bandwidth. Across nodes the share for ranks on other nodes leaves through the chip's NIC while the
+        share for ranks on the same node goes over NVLink: the slower of the two. 0 for one rank, or when
+        the profile has no interconnect numbers."""
+        if group <= 1 or nbytes <= 0 or not self.has_interconnect():
+            return 0.0
+        per_node = min(group, ranks_per_node or max(1, self.chips_per_node))
+        intra = (per_node - 1) / group * nbytes / (self.intra_node_gbps * GB)  # type: ignore[operator]
+        if per_node >= group:
+            return calls * self.intra_node_latency_s + intra
+        inter = (group - per_node) / group * nbytes / (self.inter_node_gbps * GB)  # type: ignore[operator]
+        return calls * self.inter_node_latency_s + max(intra, inter)
+
+    def fp32_matmul_flops(self) -> float:
+        return self.device_fp32_matmul_flops or self.device_matmul_flops
 
     def link(self, direction: str, pinned: bool = True) -> Curve:
         if direction not in ("h2d", "d2h"):

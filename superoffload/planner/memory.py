@@ -21,16 +21,17 @@ ADAM_STATE = 3 * FP32  # fp32 master, m, v
 ROLLBACK_EXTRA_HOST_BYTES = {"deferred": 0, "full_copy": ADAM_STATE}
 
 
-def act_bytes_per_token(shape: ModelShape, precision_bytes: int = BF16) -> int:
+def act_bytes_per_token(shape: ModelShape, precision_bytes: int = BF16, kv_repeat: int = 1) -> int:
     """Activations one block keeps for backward, per token, no checkpointing, in the training precision.
 
     The tensors of Korthikanti et al.: attention (norm in, norm out, q/k/v, attention output) and MLP
     (residual in, norm out, fc output(s), activation output). The Hugging Face Llama layout keeps more,
     measured on the simulated device's ledger (tests/harness/test_bench_memory.py): its RMSNorm works in
     fp32 (with low-precision weights each norm keeps an fp32 copy of its input) and RoPE keeps q, k and
-    their rotated halves."""
+    their rotated halves. ``kv_repeat``: Ulysses repeats each KV head that many times before its
+    all-to-all when SP exceeds the KV heads, and attention keeps the repeated k and v."""
     h, f = shape.hidden, shape.ffn_hidden
-    kv = shape.n_kv_heads * shape.head_dim
+    kv = shape.n_kv_heads * shape.head_dim * kv_repeat
     attn = h + h + (h + 2 * kv) + h
     mlp = h + h + f + f + (f if shape.gated_mlp else 0)
     out = precision_bytes * (attn + mlp)
@@ -41,26 +42,114 @@ def act_bytes_per_token(shape: ModelShape, precision_bytes: int = BF16) -> int:
     return out
 
 
+# ---------------------------------------------------------------------------------------------------
+# Long sequences (superoffload/sequence): Ulysses SP, checkpoints in host memory, the tiled loss
+# ---------------------------------------------------------------------------------------------------
+LOSS_BYTES = 3 * FP32  # plain loss backward: fp32 log-softmax, its incoming and outgoing gradients, per token x vocab
+# tiled loss backward, per tile row x vocab: the tile's logits (training precision), their fp32 copy, the
+# log-softmax, its gradients and the gradient cast back; measured on the simulated device's ledger
+# (tests/planner/test_long_seq.py): 16 B with bf16/fp16 logits, 20 B with fp32
+TILED_LOSS_BYTES = {BF16: 16, FP32: 20}
+OFFLOAD_WINDOW_BLOCKS = 2  # the block input a recompute uses + the previous block's, prefetched (checkpoint.py)
+
+
+def ulysses_kv_repeat(heads: int, kv_heads: int, sp: int) -> int:
+    """How many times Ulysses repeats each KV head before its all-to-all (superoffload.sequence.ulysses
+    ``kv_repeat_factor``: the same rules). ValueError when ``sp`` cannot split these heads."""
+    if sp < 1:
+        raise ValueError(f"sequence-parallel degree must be >= 1, got sp={sp}")
+    if heads % sp:
+        raise ValueError(f"sp={sp} must divide the attention heads ({heads}): Ulysses gives each rank heads/sp heads")
+    if kv_heads % sp == 0:
+        return 1
+    if sp % kv_heads == 0:
+        return sp // kv_heads
+    raise ValueError(f"sp={sp}: Ulysses needs the KV heads ({kv_heads}) divisible by sp or sp divisible by them")
+
+
+def loss_tile_rows(tokens: int, tile: int) -> int:
+    """Rows of the largest tile: ``tiled_token_losses`` splits the tokens into ceil(tokens/tile) near-equal
+    tiles."""
+    count = max(1, -(-tokens // tile))
+    return -(-tokens // count)
+
+
+def loss_transient(shape: ModelShape, tokens: int, precision_bytes: int = BF16, tile: int | None = None) -> int:
+    """Peak bytes of the LM loss's backward on one rank of ``tokens`` tokens.
+
+    Plain: three fp32 [tokens, vocab] tensors. Tiled (``loss_tile`` tokens per tile): the largest tile's
+    logits and their gradients (TILED_LOSS_BYTES per row and vocab entry), plus the fp32 [hidden, vocab]
+    weight-gradient accumulator and the hidden-state gradient [tokens, hidden], which live through the
+    whole backward; at its end the accumulator is cast to the weight's dtype (a second [vocab, hidden])."""
+    h, v = shape.hidden, shape.vocab
+    if tile is None:
+        return tokens * v * LOSS_BYTES
+    rows = loss_tile_rows(tokens, tile)
+    per_row = TILED_LOSS_BYTES[FP32 if precision_bytes >= FP32 else BF16]
+    live = FP32 * h * v + precision_bytes * tokens * h
+    return live + max(per_row * rows * v, precision_bytes * h * v)
+
+
+def ulysses_buffers(shape: ModelShape, tokens: int, precision_bytes: int = BF16, sp: int = 1) -> int:
+    """A block's all-to-all buffers on one rank (superoffload/sequence/ulysses.py): an all-to-all of a
+    [tokens, width] tensor holds its contiguous send copy and the receive buffer while the reshaped result
+    is written, so two copies of the widest of q, k, v and the attention output; with KV repetition also
+    the repeated k and v."""
+    if sp <= 1:
+        return 0
+    rep = ulysses_kv_repeat(shape.heads, shape.n_kv_heads, sp)
+    kv = shape.n_kv_heads * shape.head_dim * rep
+    widest = max(shape.heads * shape.head_dim, kv)
+    return precision_bytes * tokens * (2 * widest + (2 * kv if rep > 1 else 0))
+
+
 def activation_memory(shape: ModelShape, seq: int, batch: int, checkpointing: bool,
-                      precision_bytes: int = BF16) -> dict[str, int]:
-    """The model's device memory at the peak of a step, in two terms:
+                      precision_bytes: int = BF16, *, sp: int = 1, offload_checkpoints: bool = False,
+                      loss_tile: int | None = None) -> dict[str, int]:
+    """The model's device memory at the peak of a step on one rank, in two terms:
 
     - `activations`: what forward keeps for backward: every block's tensors, or with full activation
-      checkpointing only each block's input;
-    - `backward_transients`: the larger of the loss backward's (the fp32 log-softmax kept for backward
-      and its incoming and outgoing fp32 gradients: three [tokens, vocab] tensors) and a block's
-      backward (its activation gradients; with checkpointing also its recomputed activations).
+      checkpointing only each block's input; with the checkpoints in host memory
+      (``offload_checkpoints``) only the window the offloader holds on the device, the input the
+      recompute uses and the previous block's, prefetched (OFFLOAD_WINDOW_BLOCKS);
+    - `backward_transients`: the larger of the loss backward's (`loss_transient`: three fp32 [tokens,
+      vocab] tensors, or the tile's with ``loss_tile``) and a block's backward (its activation gradients;
+      with checkpointing also its recomputed activations; with SP > 1 its all-to-all buffers).
 
-    Checked against the simulated device's ledger (tests/harness/test_bench_memory.py): for small-hidden
-    models the peak is in the loss backward."""
-    tokens = seq * batch
-    full_layer = act_bytes_per_token(shape, precision_bytes) * tokens
+    ``seq`` is the global sequence length; a rank of ``sp`` sequence-parallel ranks holds seq*batch/sp
+    tokens of every activation (attention's whole-sequence q/k/v for heads/sp heads are as many elements).
+    Checked against the simulated device's ledger (tests/harness/test_bench_memory.py,
+    tests/planner/test_long_seq.py): for small-hidden models the peak is in the loss backward."""
+    tokens = seq * batch // sp
     if checkpointing:
-        kept, block = shape.layers * precision_bytes * shape.hidden * tokens, 2 * full_layer
+        blocks = min(OFFLOAD_WINDOW_BLOCKS, shape.layers) if offload_checkpoints else shape.layers
+        kept = blocks * precision_bytes * shape.hidden * tokens
     else:
-        kept, block = shape.layers * full_layer, full_layer
-    loss = tokens * shape.vocab * 3 * FP32
+        kept = shape.layers * _full_layer(shape, tokens, precision_bytes, sp)
+    block = block_transient(shape, seq, batch, checkpointing, precision_bytes, sp)
+    loss = loss_transient(shape, tokens, precision_bytes, loss_tile)
     return {"activations": kept, "backward_transients": max(loss, block)}
+
+
+def _full_layer(shape: ModelShape, tokens: int, precision_bytes: int, sp: int) -> int:
+    rep = ulysses_kv_repeat(shape.heads, shape.n_kv_heads, sp) if sp > 1 else 1
+    return act_bytes_per_token(shape, precision_bytes, rep) * tokens
+
+
+def block_transient(shape: ModelShape, seq: int, batch: int, checkpointing: bool, precision_bytes: int = BF16,
+                    sp: int = 1) -> int:
+    """A block's backward on one rank: its activation gradients (with checkpointing also its recomputed
+    activations: 2x its activations) and, with SP > 1, its all-to-all buffers."""
+    tokens = seq * batch // sp
+    full_layer = _full_layer(shape, tokens, precision_bytes, sp)
+    return (2 if checkpointing else 1) * full_layer + ulysses_buffers(shape, tokens, precision_bytes, sp)
+
+
+def checkpoint_host_bytes(shape: ModelShape, seq: int, batch: int, precision_bytes: int = BF16,
+                          sp: int = 1) -> int:
+    """Host bytes of the offloaded checkpoints at the peak (the start of backward): every block's input,
+    [batch, seq/sp, hidden] in the training precision (ActivationOffloader's ``peak_host_bytes``)."""
+    return shape.layers * precision_bytes * shape.hidden * (seq * batch // sp)
 
 
 @dataclass
@@ -117,6 +206,11 @@ class EngineMemoryInput:
     staging_buffers: int = 2
     world: int = 1
     device_is_host: bool = False
+    # the model side of a long-sequence run (superoffload/sequence): Ulysses degree, checkpoints in host
+    # memory, tokens per tile of the loss (None: the plain loss)
+    sp: int = 1
+    offload_checkpoints: bool = False
+    loss_tile: int | None = None
 
 
 def _aligned(n: int) -> int:
@@ -144,8 +238,10 @@ def engine_memory(shape: ModelShape, seq: int, batch: int, checkpointing: bool, 
     slot of param_cast "device"), `grads` (with accumulation, autograd's gradients held between
     micro-batches), `activations` and `backward_transients` (the model's, in the training precision:
     `activation_memory`);
-    host: pinned `landing`, `upload`, `norms`, `flow_stores`; pageable `master_m_v` and `spare`
-    (full_copy). On a device that is the host nothing is pinned and landing/upload are pageable."""
+    host: pinned `landing`, `upload`, `norms`, `flow_stores`, `activation_checkpoints` (the model's
+    offloaded checkpoints, ``offload_checkpoints``); pageable `master_m_v` and `spare` (full_copy). On a
+    device that is the host nothing is pinned and landing/upload are pageable. ``seq`` is the global
+    sequence length; with ``m.sp`` > 1 the model's terms are one rank's share."""
     p = PRECISION_BYTES[m.precision]
     lowp = m.precision != "fp32"
     world = m.world
@@ -176,7 +272,8 @@ def engine_memory(shape: ModelShape, seq: int, batch: int, checkpointing: bool, 
     dev["staging"] = staging
     if m.grad_accum > 1:
         dev["grads"] = p * shape.total_params()
-    dev.update(activation_memory(shape, seq, batch, checkpointing, p))
+    dev.update(activation_memory(shape, seq, batch, checkpointing, p, sp=m.sp,
+                                 offload_checkpoints=m.offload_checkpoints, loss_tile=m.loss_tile))
     state = (4 if m.amsgrad else 3) * FP32
     for b in host_b:
         n = b.padded // world
@@ -189,5 +286,7 @@ def engine_memory(shape: ModelShape, seq: int, batch: int, checkpointing: bool, 
         host["master_m_v"] = host.get("master_m_v", 0) + state // FP32 * _aligned(n * FP32)
         if m.rollback_mode == "full_copy":
             host["spare"] = host.get("spare", 0) + state // FP32 * _aligned(n * FP32)
-    est.pinned_keys = set() if m.device_is_host else set(PINNED_KEYS)
+    if m.offload_checkpoints and checkpointing:
+        host["activation_checkpoints"] = checkpoint_host_bytes(shape, seq, batch, p, m.sp)
+    est.pinned_keys = set() if m.device_is_host else set(PINNED_KEYS) | ({"activation_checkpoints"} & set(host))
     return est

@@ -20,9 +20,21 @@ from superoffload.planner.costmodel import (
     estimate_memory,
     layer_forward_seconds,
     predict,
+    ulysses_block_seconds,
 )
 from superoffload.planner.hardware import GB, LEGACY_HOST_OPTIMIZERS, MB, HardwareProfile
-from superoffload.planner.memory import ADAM_STATE, BF16, ROLLBACK_EXTRA_HOST_BYTES, act_bytes_per_token
+from superoffload.planner.memory import (
+    ADAM_STATE,
+    BF16,
+    OFFLOAD_WINDOW_BLOCKS,
+    PRECISION_BYTES,
+    ROLLBACK_EXTRA_HOST_BYTES,
+    act_bytes_per_token,
+    block_transient,
+    checkpoint_host_bytes,
+    loss_transient,
+    ulysses_kv_repeat,
+)
 from superoffload.planner.systems import Options, system_spec
 from superoffload.shapes import ModelShape
 
@@ -31,6 +43,7 @@ MIN_BUCKETS = 16  # keep at least this many buckets so transfers and host steps 
 STAGING_SHARE = 0.05  # bucket staging buffers may use at most this share of the HBM budget
 TAIL_STATE_BYTES = ADAM_STATE + BF16  # fp32 master, m, v + the bf16 gradient, per tail param
 FULL_COPY_MIN_GAIN = 0.01  # full_copy costs 12 B/param of host memory: take it only for a >= 1 % faster step
+MIN_LOSS_TILE = 1024  # tokens: tiled_token_losses' own default tile; smaller tiles make thin GEMMs
 
 
 class PlanInfeasible(ValueError):
@@ -69,8 +82,13 @@ class Plan:
     flow_prefetch: int = 1  # what the memory estimate assumed (the engine's default)
     predicted: Prediction | None = None
     reasons: list[str] = field(default_factory=list)
-    chips: int = 1  # data-parallel ranks the plan is for (one per chip; the engine shards over them)
+    chips: int = 1  # ranks the plan is for (one per chip; the engine shards over them)
     ranks_per_node: int | None = None
+    # long sequences (model side, superoffload/sequence; not engine config keys): the Ulysses degree (chips / sp
+    # data-parallel groups), activation checkpoints in host memory, tokens per tile of the loss (None: plain)
+    sp: int = 1
+    offload_checkpoints: bool = False
+    loss_tile: int | None = None
 
     def engine_options(self, precision: str = "bf16") -> dict[str, Any]:
         """The plan as engine config keys and values, to merge over the engine's defaults. With fp32
@@ -85,6 +103,13 @@ class Plan:
     def options(self) -> Options:
         """The cost model's options for this plan (what ``predicted`` was computed with)."""
         return Options(**{**self.engine_options(), "flow_layers": tuple(self.flow_layers)})
+
+    def workload(self, shape: ModelShape) -> Workload:
+        """The cost model's workload for this plan (``shape``: the model it was made for; a learned position
+        table is extended to the plan's sequence as ``make_plan`` does)."""
+        return Workload(positions_for(shape, self.seq), self.seq, self.batch, self.activation_checkpointing,
+                        chips=self.chips, ranks_per_node=self.ranks_per_node, sp=self.sp,
+                        offload_checkpoints=self.offload_checkpoints, loss_tile=self.loss_tile)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -122,10 +147,40 @@ def _legacy_plan_fields(d: dict[str, Any]) -> dict[str, Any]:
     return d
 
 
-def _check_workload(seq: int, batch: int, grad_accum: int, chips: int = 1) -> None:
+def _check_workload(seq: int, batch: int, grad_accum: int, chips: int = 1, sp: int | None = None,
+                    loss_tile: int | None = None) -> None:
     for name, value in (("seq", seq), ("batch", batch), ("grad_accum", grad_accum), ("chips", chips)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if sp is not None and (not isinstance(sp, int) or isinstance(sp, bool) or sp < 1):
+        raise ValueError(f"sp must be a positive integer, got {sp!r}")
+    if loss_tile is not None and (not isinstance(loss_tile, int) or isinstance(loss_tile, bool) or loss_tile < 0):
+        raise ValueError(f"loss_tile must be a number of tokens >= 0 (0: the plain loss), got {loss_tile!r}")
+
+
+def positions_for(shape: ModelShape, seq: int) -> ModelShape:
+    """The model trained at ``seq``: a learned absolute position table needs ``seq`` rows when the named
+    shape has fewer (the harness builds GPT with ``max_seq=seq``, the artifact passes
+    ``--max-position-embeddings`` = the sequence length). Shorter sequences keep the named shape."""
+    if shape.learned_positions and seq > shape.max_seq:
+        return replace(shape, max_seq=seq)
+    return shape
+
+
+def _positions_reason(named: ModelShape, shape: ModelShape, seq: int) -> str:
+    extra = shape.total_params() - named.total_params()
+    return (f"Positions: {named.name} learns absolute positions and its {named.max_seq:,}-row table cannot "
+            f"hold seq {seq:,}; planned with a {seq:,}-row table (as the harness builds the model): "
+            f"+{extra / 1e9:.2f}B params, {shape.total_params() / 1e9:.2f}B in all.")
+
+
+def _initial_workload(shape: ModelShape, seq: int, batch: int, activation_checkpointing: bool, chips: int,
+                      ranks_per_node: int | None, sp: int | None, offload_checkpoints: bool | None,
+                      loss_tile: int | None) -> Workload:
+    """The request as a Workload: what is given is fixed, what is None starts off (SP 1, checkpoints on the
+    device, the plain loss) for ``_choose_long_sequence`` to turn on."""
+    return Workload(shape, seq, batch, activation_checkpointing, chips=chips, ranks_per_node=ranks_per_node,
+                    sp=sp or 1, offload_checkpoints=bool(offload_checkpoints), loss_tile=loss_tile or None)
 
 
 def _gb(x: float) -> str:
@@ -150,20 +205,29 @@ def saturating_bucket_bytes(hw: HardwareProfile, share: float = LINK_SATURATION)
 def make_plan(shape: ModelShape, seq: int, batch: int, hardware: HardwareProfile,
               activation_checkpointing: bool = True, hbm_budget: float | None = None,
               grad_accum: int = 1, host_optimizer: str | None = None, chips: int = 1,
-              ranks_per_node: int | None = None) -> Plan:
+              ranks_per_node: int | None = None, sp: int | None = None, offload_checkpoints: bool | None = None,
+              loss_tile: int | None = None) -> Plan:
     """Choose flow layers, bucket size, device tail, casting and rollback mode for one rank of ``chips``
-    data-parallel ranks (each its own micro-batch ``batch``; its host holds 1/chips of the state)."""
-    _check_workload(seq, batch, grad_accum, chips)
+    ranks: ``chips / sp`` data-parallel groups (each its own micro-batch ``batch``) of ``sp`` Ulysses
+    sequence-parallel ranks; each host holds 1/chips of the state.
+
+    Long sequences: ``sp``, ``offload_checkpoints`` and ``loss_tile`` (tokens per tile; 0: the plain
+    loss) are taken as given; those left None the planner turns on, in the order of
+    ``_choose_long_sequence``, when the device memory does not fit without them."""
+    _check_workload(seq, batch, grad_accum, chips, sp, loss_tile)
     hw = hardware
-    w = Workload(shape, seq, batch, activation_checkpointing, chips=chips, ranks_per_node=ranks_per_node)
+    named, shape = shape, positions_for(shape, seq)
+    w = _initial_workload(shape, seq, batch, activation_checkpointing, chips, ranks_per_node, sp,
+                          offload_checkpoints, loss_tile)
     budget = float(hw.device_hbm_bytes if hbm_budget is None else hbm_budget)
     n = shape.total_params()
     reasons: list[str] = []
     kind = host_optimizer or best_host_optimizer(hw)
     reasons.append(f"Host Adam kernel: {kind} at {hw.host_adam_gbps[kind]:.0f} GB/s effective "
                    f"({hw.host_adam_gbps[kind] * 1e9 / 28 / 1e9:.2f} Gparam/s at 28 B/param).")
-    if chips > 1:
-        reasons.append(_chips_reason(w, hw))
+    if shape is not named:
+        reasons.append(_positions_reason(named, shape, seq))
+    chips_at = len(reasons)  # the chips line goes here once the SP degree is known (step 3)
 
     # 1. bucket size from the link curve, bounded by pipelining and staging memory
     bucket = _choose_bucket(n, hw, budget, reasons, chips)
@@ -173,7 +237,11 @@ def make_plan(shape: ModelShape, seq: int, batch: int, hardware: HardwareProfile
     rollback = _choose_rollback_mode(w, hw, opts, reasons)
     opts = replace(opts, rollback_mode=rollback)
 
-    # 3. flow layers if HBM forces them
+    # 3. long-sequence pieces, then flow layers, if HBM forces them
+    w = _choose_long_sequence(w, hw, opts, budget, reasons, sp is None, offload_checkpoints is None,
+                              loss_tile is None)
+    if chips > 1:
+        reasons.insert(chips_at, _chips_reason(w, hw))
     flow = _choose_flow(w, hw, opts, budget, reasons)
     opts = replace(opts, flow_layers=tuple(flow))
 
@@ -200,18 +268,21 @@ def make_plan(shape: ModelShape, seq: int, batch: int, hardware: HardwareProfile
                 device_tail_buckets=tail, grad_cast=cast, param_cast=cast, flow_layers=list(flow),
                 host_optimizer=kind, rollback_mode=rollback, speculation=speculation, hbm_budget_bytes=budget,
                 grad_accum=grad_accum, flow_prefetch=opts.flow_prefetch, predicted=pred, reasons=reasons,
-                chips=chips, ranks_per_node=ranks_per_node)
+                chips=chips, ranks_per_node=ranks_per_node, sp=w.sp, offload_checkpoints=w.offload_checkpoints,
+                loss_tile=w.loss_tile)
 
 
 def _chips_reason(w: Workload, hw: HardwareProfile) -> str:
     per_node = w.ranks_per_node or min(w.chips, max(1, hw.chips_per_node))
     nodes = math.ceil(w.chips / per_node)
+    ranks = (f"{w.chips} data-parallel ranks" if w.sp == 1
+             else f"{w.chips} ranks = {w.dp} data-parallel group{'s' if w.dp > 1 else ''} x sp {w.sp}")
     if not hw.has_interconnect():
-        return (f"Chips: {w.chips} data-parallel ranks; {hw.name} has no interconnect numbers, so their "
+        return (f"Chips: {ranks}; {hw.name} has no interconnect numbers, so their "
                 "collectives are not charged.")
     across = nodes > 1
     gbps = min(hw.intra_node_gbps, hw.inter_node_gbps) if across else hw.intra_node_gbps  # type: ignore[type-var]
-    return (f"Chips: {w.chips} data-parallel ranks ({per_node} per node, {nodes} node{'s' if nodes > 1 else ''}); "
+    return (f"Chips: {ranks} ({per_node} per node, {nodes} node{'s' if nodes > 1 else ''}); "
             f"each host holds 1/{w.chips} of the fp32 master and Adam state and steps it; per bucket a fp32 "
             f"reduce-scatter and an all-gather of the weights, per step one all-reduce of the norm, over "
             f"{'the inter-node network' if across else 'the intra-node links'} at {gbps:.0f} GB/s per rank.")
@@ -257,16 +328,23 @@ def _choose_cast(w: Workload, hw: HardwareProfile, opts: Options, reasons: list[
 
 def check_feasible(shape: ModelShape, seq: int, batch: int, hardware: HardwareProfile,
                    activation_checkpointing: bool = True, hbm_budget: float | None = None,
-                   grad_accum: int = 1, chips: int = 1, ranks_per_node: int | None = None) -> None:
-    """Raise PlanInfeasible if no plan fits memory (the memory half of ``make_plan``, no simulation)."""
-    _check_workload(seq, batch, grad_accum, chips)
+                   grad_accum: int = 1, chips: int = 1, ranks_per_node: int | None = None,
+                   sp: int | None = None, offload_checkpoints: bool | None = None,
+                   loss_tile: int | None = None) -> None:
+    """Raise PlanInfeasible if no plan fits memory (the memory half of ``make_plan``, no simulation; the
+    long-sequence arguments as there)."""
+    _check_workload(seq, batch, grad_accum, chips, sp, loss_tile)
     hw = hardware
-    w = Workload(shape, seq, batch, activation_checkpointing, chips=chips, ranks_per_node=ranks_per_node)
+    shape = positions_for(shape, seq)
+    w = _initial_workload(shape, seq, batch, activation_checkpointing, chips, ranks_per_node, sp,
+                          offload_checkpoints, loss_tile)
     budget = float(hw.device_hbm_bytes if hbm_budget is None else hbm_budget)
     bucket = min(max(1, saturating_bucket_bytes(hw) // 4) * chips, max(1, shape.total_params() // MIN_BUCKETS))
     opts = Options(bucket_size=bucket, host_optimizer=best_host_optimizer(hw), grad_accum=grad_accum)
     reasons: list[str] = []
     opts = replace(opts, rollback_mode=_choose_rollback_mode(w, hw, opts, reasons))
+    w = _choose_long_sequence(w, hw, opts, budget, reasons, sp is None, offload_checkpoints is None,
+                              loss_tile is None)
     _choose_flow(w, hw, opts, budget, reasons)
 
 
@@ -323,6 +401,150 @@ def _prefer_full_copy(w: Workload, hw: HardwareProfile, opts: Options, pred: Pre
     return "full_copy", alt_pred
 
 
+def _sp_ok(w: Workload, sp: int) -> bool:
+    """Whether Ulysses can run this workload over ``sp`` of its chips."""
+    if w.chips % sp or w.seq % sp:
+        return False
+    try:
+        ulysses_kv_repeat(w.shape.heads, w.shape.n_kv_heads, sp)
+    except ValueError:
+        return False
+    return True
+
+
+def _precision_bytes(opts: Options) -> int:
+    return PRECISION_BYTES[opts.precision]
+
+
+def _choose_tile(w: Workload, opts: Options) -> tuple[int | None, int, int]:
+    """The loss tile when the plain loss's backward is the largest transient: the largest power of two below
+    the rank's tokens whose tiled backward is no larger than a block's, at least MIN_LOSS_TILE (the sequence
+    package's default tile). Returns (tile or None, plain bytes, block bytes)."""
+    sh, p, tokens = w.shape, _precision_bytes(opts), w.local_tokens
+    plain = loss_transient(sh, tokens, p, None)
+    block = block_transient(sh, w.seq, w.batch, w.activation_checkpointing, p, w.sp)
+    if plain <= block or tokens <= MIN_LOSS_TILE:
+        return None, plain, block
+    tile = 1 << (tokens - 1).bit_length() - 1  # the largest power of two below tokens
+    while tile > MIN_LOSS_TILE and loss_transient(sh, tokens, p, tile) > block:
+        tile //= 2
+    tile = max(tile, MIN_LOSS_TILE)
+    return (tile if loss_transient(sh, tokens, p, tile) < plain else None), plain, block
+
+
+def _choose_long_sequence(w: Workload, hw: HardwareProfile, opts: Options, budget: float, reasons: list[str],
+                          auto_sp: bool, auto_offload: bool, auto_tile: bool) -> Workload:
+    """The long-sequence pieces (superoffload/sequence) the request needs. What the caller gave is kept; what
+    it left to the planner (``auto_*``) is turned on only where weight flow alone cannot fit HBM (every layer
+    flowing): these pieces are the model's, which the training script must build with them, while flow is
+    the engine's own, and at long sequences a flowed layer's fetch hides under its compute. Then:
+
+    1. the SP degree: the given one, or (left to the planner) the smallest among the divisors of the chips
+       that Ulysses can split the heads and the sequence over at which some combination of 2 fits;
+    2. at that degree, among checkpoints on the device or in host memory (where the host has room) and the
+       plain or the tiled loss (where the plain loss's backward is the largest transient; tile: the largest
+       power of two whose backward is no larger than a block's, at least MIN_LOSS_TILE), each with the
+       fewest flowed layers that fit, the one with the fastest predicted step (ties: fewer pieces).
+
+    Returns the workload with the pieces chosen (with every piece on at the largest degree when nothing fits,
+    for ``_raise_hbm`` to report); each choice leaves a reason."""
+    def need(x: Workload) -> float:  # with every layer flowing
+        return _device_need(x, hw, replace(opts, flow_layers=tuple(range(x.shape.layers))))
+
+    requested = []
+    if w.offload_checkpoints:
+        requested.append(_offload_reason(w, hw, opts, "as requested"))
+    if w.loss_tile is not None:
+        p = _precision_bytes(opts)
+        requested.append(f"Loss: tiled, {w.loss_tile:,} tokens per tile, as requested "
+                         f"({_gb(loss_transient(w.shape, w.local_tokens, p, w.loss_tile))} at its peak instead of "
+                         f"{_gb(loss_transient(w.shape, w.local_tokens, p))}).")
+    if _device_need(w, hw, opts) <= budget or need(w) <= budget:  # nothing needed, or weight flow suffices
+        if w.sp > 1:
+            reasons.append(_sp_reason(w, hw, "as requested"))
+        reasons.extend(requested)
+        return w
+    degrees = [w.sp] + ([d for d in range(w.sp + 1, w.chips + 1) if _sp_ok(w, d)] if auto_sp else [])
+    for sp in degrees:
+        at = replace(w, sp=sp)
+        offloads = [at.offload_checkpoints]
+        if (auto_offload and not at.offload_checkpoints and at.activation_checkpointing
+                and at.shape.layers > OFFLOAD_WINDOW_BLOCKS):
+            alt = replace(at, offload_checkpoints=True)
+            if _host_need(alt, hw, opts) <= _host_capacity(alt, hw, opts):
+                offloads.append(True)
+        tiles = [at.loss_tile]
+        if auto_tile and at.loss_tile is None:
+            tile = _choose_tile(at, opts)[0]
+            if tile is not None:
+                tiles.append(tile)
+        combos = [replace(at, offload_checkpoints=o, loss_tile=t) for t in tiles for o in offloads]
+        fitting = [c for c in combos if need(c) <= budget]
+        if fitting:
+            break
+    if not fitting:
+        return combos[-1]
+    steps = [predict("superoffload", c, hw, replace(opts, flow_layers=tuple(_choose_flow(c, hw, opts, budget, []))))
+             .step_time_s for c in fitting]
+    best = min(range(len(fitting)), key=lambda i: (steps[i], i))
+    chosen = fitting[best]
+    why = f"every layer flowing still needs {_gb(need(w))} > {_gb(budget)} at sp={w.sp}"
+    if chosen.sp > 1:
+        reasons.append(_sp_reason(chosen, hw, "as requested" if chosen.sp == w.sp else (
+            f"{why}; the smallest degree that fits among those Ulysses can use on {w.chips} chips "
+            f"({', '.join(map(str, degrees))})")))
+        bare = replace(chosen, offload_checkpoints=w.offload_checkpoints, loss_tile=w.loss_tile)
+        why = f"at sp={chosen.sp} every layer flowing still needs {_gb(need(bare))} without it"
+    reasons.extend(requested)
+    if len(fitting) > 1:
+        reasons.append("Long sequences: predicted step, each with the fewest flowed layers that fit: "
+                       + "; ".join(f"{_pieces(c)} {t * 1e3:.1f} ms" for c, t in zip(fitting, steps, strict=True))
+                       + f"; the fastest: {_pieces(chosen)}.")
+    if chosen.loss_tile is not None and chosen.loss_tile != w.loss_tile:
+        p = _precision_bytes(opts)
+        _, plain, block = _choose_tile(replace(chosen, loss_tile=None), opts)
+        reasons.append(
+            f"Loss: tiled, {chosen.loss_tile:,} tokens per tile ({why}): the plain loss's backward holds three fp32 "
+            f"[{chosen.local_tokens:,} tokens, {chosen.shape.vocab:,} vocab] tensors ({_gb(plain)}), more than a "
+            f"block's backward ({_gb(block)}); tiled it holds "
+            f"{_gb(loss_transient(chosen.shape, chosen.local_tokens, p, chosen.loss_tile))} (the largest "
+            f"power-of-two tile not above the block's: a tile's logits, the fp32 weight-gradient accumulator, the "
+            f"hidden-state gradient). Backward recomputes each tile's logits and forms the weight gradient in fp32.")
+    if chosen.offload_checkpoints and not w.offload_checkpoints:
+        reasons.append(_offload_reason(chosen, hw, opts, f"{why}; host needs {_gb(_host_need(chosen, hw, opts))} "
+                                                         f"of {_gb(_host_capacity(chosen, hw, opts))}"))
+    return chosen
+
+
+def _pieces(w: Workload) -> str:
+    on = (["checkpoints in host memory"] if w.offload_checkpoints else []) + \
+         ([f"loss tile {w.loss_tile:,}"] if w.loss_tile is not None else [])
+    return " + ".join(on) or "neither piece"
+
+
+def _sp_reason(w: Workload, hw: HardwareProfile, why: str) -> str:
+    sh = w.shape
+    per_node = min(w.sp, w.ranks_per_node or max(1, hw.chips_per_node))
+    link = "NVLink inside a node" if per_node >= w.sp else f"the network ({per_node} of the {w.sp} ranks per node)"
+    a2a = ulysses_block_seconds(w, hw)
+    return (f"Sequence parallelism: sp={w.sp} (Ulysses; {why}): each rank holds {w.local_seq:,} of the {w.seq:,} "
+            f"tokens of each sequence and attends over all of them for {sh.heads // w.sp} of {sh.heads} heads; "
+            f"{w.dp} data-parallel group{'s' if w.dp > 1 else ''}. Per block 4 all-to-alls (q, k, v, output) in "
+            f"forward, again in recompute, their transposes in backward, over {link}: {a2a * 1e3:.2f} ms each time.")
+
+
+def _offload_reason(w: Workload, hw: HardwareProfile, opts: Options, why: str) -> str:
+    sh, p = w.shape, _precision_bytes(opts)
+    one = p * sh.hidden * w.local_tokens
+    host = checkpoint_host_bytes(sh, w.seq, w.batch, p, w.sp)
+    t = hw.link("d2h").seconds(one)
+    return (f"Checkpoints: in host memory ({why}): checkpointing keeps every block's input on the device "
+            f"({sh.layers} x {_gb(one)} = {_gb(sh.layers * one)}); offloaded the device holds "
+            f"{min(OFFLOAD_WINDOW_BLOCKS, sh.layers)} (the recompute's and the prefetched one) and pinned host memory "
+            f"{_gb(host)}. Each input crosses the link once each way ({t * 1e3:.2f} ms), overlapped with the "
+            f"blocks' compute.")
+
+
 def _choose_flow(w: Workload, hw: HardwareProfile, opts: Options, budget: float,
                  reasons: list[str]) -> list[int]:
     sh = w.shape
@@ -358,8 +580,22 @@ def _raise_hbm(w: Workload, hw: HardwareProfile, opts: Options, budget: float) -
     sh = w.shape
     all_flow = replace(opts, flow_layers=tuple(range(sh.layers)))
     need = _device_need(w, hw, all_flow)
-    per_seq = act_bytes_per_token(sh) * w.seq
+    per_seq = act_bytes_per_token(sh) * w.local_seq
     hints = [f"every layer already flowing still needs {need:.3e} bytes"]
+    on = ([f"sp={w.sp}"] if w.sp > 1 else []) + (["checkpoints in host memory"] if w.offload_checkpoints else []) \
+        + ([f"loss tile {w.loss_tile}"] if w.loss_tile is not None else [])
+    if on:
+        hints[0] += " with " + ", ".join(on)
+    more_sp = [d for d in range(w.sp + 1, w.chips + 1) if _sp_ok(w, d)]
+    if more_sp:
+        hints.append(f"more sequence parallelism (sp={more_sp[-1]} holds seq/{more_sp[-1]} tokens per rank)")
+    if w.activation_checkpointing and not w.offload_checkpoints and sh.layers > OFFLOAD_WINDOW_BLOCKS:
+        alt = replace(w, offload_checkpoints=True)
+        host, cap = _host_need(alt, hw, opts), _host_capacity(alt, hw, opts)
+        hints.append("activation checkpoints in host memory" + (
+            "" if host <= cap else f" (with more host memory: they need {_gb(host)} of {_gb(cap)})"))
+    if w.loss_tile is None and _choose_tile(w, opts)[0] is not None:
+        hints.append("a tiled loss")
     if w.batch > 1:
         per_seq_total = per_seq * (3 if w.activation_checkpointing else sh.layers)
         hints.append(f"a smaller micro-batch (each sequence costs ~{_gb(per_seq_total)} of activations)")

@@ -66,6 +66,11 @@ SLINGSHOT11_GBPS = 200 / 8  # 200 Gb/s per NIC per direction
 # about twice that through a NIC and a switch), not measured on that machine.
 NVLINK_STEP_LATENCY_S = 5e-6
 NETWORK_STEP_LATENCY_S = 10e-6
+# fp32 (non-tensor-core) matmul peaks, NVIDIA datasheets: H100 SXM / GH200 / H200 "FP32 67 teraFLOPS",
+# H100 PCIe 51; achievable at the same share of peak as bf16 (MATMUL_EFFICIENCY, an assumption). Used only by
+# the tiled loss's fp32 weight-gradient GEMM.
+HOPPER_FP32_FLOPS = 67e12
+H100_PCIE_FP32_FLOPS = 51e12
 INFINIBAND_NDR_GBPS = 400 / 8  # an x86 GPU server's typical one NDR NIC per GPU (assumption for PCIe presets)
 
 
@@ -86,6 +91,7 @@ def gh200() -> HardwareProfile:
                "TransformerEngine#2053 (docs/cost_model.md, Constants and sources)",
         **_links(450.0),  # NVLink-C2C: 900 GB/s total (NVIDIA; DeepSpeed SuperOffload blog) = 450 per direction
         device_matmul_flops=750e12,  # TE#2053 measured on GH200
+        device_fp32_matmul_flops=MATMUL_EFFICIENCY * HOPPER_FP32_FLOPS,
         device_peak_flops=989e12,  # Hopper dense bf16 peak (torchtitan tools/utils.py get_peak_flops)
         attention_factor=ATTENTION_FACTOR,
         device_hbm_bytes=96 * GiB,  # 96 GB HBM3 (spec)
@@ -116,12 +122,13 @@ _X86_SCALE = _X86_MEM_GBPS / _GRACE_LPDDR5X_GBPS
 
 
 def _pcie_profile(name: str, peak_flops: float, hbm_bytes: int, hbm_gbps: float,
-                  source: str) -> HardwareProfile:
+                  source: str, fp32_flops: float) -> HardwareProfile:
     return HardwareProfile(
         name=name,
         source=source,
         **_links(64.0),  # PCIe Gen5 x16: 64 GB/s per direction
         device_matmul_flops=MATMUL_EFFICIENCY * peak_flops,
+        device_fp32_matmul_flops=MATMUL_EFFICIENCY * fp32_flops,
         device_peak_flops=peak_flops,
         attention_factor=ATTENTION_FACTOR,
         device_hbm_bytes=hbm_bytes,
@@ -147,13 +154,13 @@ def _pcie_profile(name: str, peak_flops: float, hbm_bytes: int, hbm_gbps: float,
 def h100_pcie() -> HardwareProfile:
     # H100 PCIe: 756 TFLOP/s dense bf16 (torchtitan), 80 GB HBM2e at 2.0 TB/s (NVIDIA datasheet)
     return _pcie_profile("h100-pcie", 756e12, 80 * GiB, 2000.0,
-                         "preset: NVIDIA H100 PCIe datasheet, PCIe Gen5, generic x86 host")
+                         "preset: NVIDIA H100 PCIe datasheet, PCIe Gen5, generic x86 host", H100_PCIE_FP32_FLOPS)
 
 
 def h200_pcie() -> HardwareProfile:
     # H200: 989 TFLOP/s dense bf16 (torchtitan), 141 GB HBM3e at 4.8 TB/s (NVIDIA datasheet)
     return _pcie_profile("h200-pcie", 989e12, 141 * GiB, 4800.0,
-                         "preset: NVIDIA H200 datasheet, PCIe Gen5, generic x86 host")
+                         "preset: NVIDIA H200 datasheet, PCIe Gen5, generic x86 host", HOPPER_FP32_FLOPS)
 
 
 def cpu() -> HardwareProfile:

@@ -25,6 +25,9 @@ from superoffload.options import (
 )
 
 SYSTEMS = ("superoffload", "zero_offload", "zero_infinity", "fsdp_offload", "ds_superoffload", "torch")
+# modelled for the paper's figures only (no harness system runs them): DeepSpeed-Ulysses on ZeRO-3 without
+# offload, the Fig 12 baseline (docs/cost_model.md, "Long sequences")
+PAPER_ONLY_SYSTEMS = ("ulysses",)
 
 # Extra host traffic per param that exact rollback costs a speculative step (docs/cost_model.md,
 # "Constants and sources"). full_copy is double-buffered: the speculative pass writes the new p, m, v to
@@ -173,6 +176,14 @@ def _data_parallel(spec: SystemSpec, opts: Options, world: int) -> None:
     lowp = 2 if opts.precision != "fp32" else 4
     spec.world = world
     spec.step_allreduce = True
+    if spec.name == "ulysses":
+        # ZeRO-3 over every rank (DeepSpeed folds the SP group into ZeRO's data-parallel group): weights,
+        # gradients and Adam state partitioned; each layer all-gathered for forward and again for backward,
+        # gradients reduce-scattered per reduce bucket, all in the training dtype; Adam on the device
+        spec.shard_optimizer = True
+        spec.grad_reduce, spec.grad_reduce_bytes = "reduce_scatter", lowp
+        spec.gather_per_layer, spec.param_gather_bytes = True, lowp
+        return
     if spec.name == "torch":
         spec.grad_reduce, spec.grad_reduce_bytes = "all_reduce", 4
         spec.bucket_size = DDP_BUCKET_BYTES // 4
@@ -272,9 +283,20 @@ def _system_spec(system: str, opts: Options, total_params: int) -> SystemSpec:
             grad_d2h_bytes=4, grad_device_cast=True, grad_host_cast=False, host_waits_backward=True,
             return_bytes=0, forward_waits_all=True, all_layers_stream=True, fetch_bytes=4,
             fetch_device_cast=True, flow_prefetch=opts.flow_prefetch, grad_accum=opts.grad_accum)
+    if system == "ulysses":
+        # DeepSpeed-Ulysses with ZeRO-3 and no offload (the artifact's `ulysses` mode,
+        # experiment/sequence_length/ulysses.json: stage 3, overlap_comm false, default buckets): gradients
+        # reduce-scattered per DeepSpeed's default reduce bucket, the fused Adam on the device after backward
+        # (every bucket is a device "tail" bucket), the next forward after the whole step. host_optimizer is
+        # unused (nothing steps on the host).
+        return SystemSpec(name=system, bucket_size=opts.zero_bucket_size, device_tail_buckets=1 << 30,
+                          host_optimizer="torch", grad_d2h_bytes=0, grad_device_cast=False, grad_host_cast=False,
+                          host_waits_backward=True, return_bytes=0, forward_waits_all=True,
+                          flow_prefetch=opts.flow_prefetch, grad_accum=opts.grad_accum,
+                          notes=["DeepSpeed-Ulysses, ZeRO-3 on the device (no offload)"])
     if system == "torch":
         return SystemSpec(name=system, bucket_size=max(1, total_params), device_tail_buckets=1,
                           host_optimizer="torch", grad_d2h_bytes=0, grad_device_cast=False,
                           grad_host_cast=False, host_waits_backward=True, return_bytes=0,
                           forward_waits_all=True, device_only=True, grad_accum=opts.grad_accum)
-    raise ValueError(f"unknown system {system!r}; choose one of {', '.join(SYSTEMS)}")
+    raise ValueError(f"unknown system {system!r}; choose one of {', '.join(SYSTEMS + PAPER_ONLY_SYSTEMS)}")
