@@ -1,4 +1,5 @@
-"""One end-to-end `snakemake all` on a shrunken smoke sweep (2 timed steps, torch + superoffload)."""
+"""One end-to-end `snakemake all` on a shrunken smoke sweep (2 timed steps, torch + superoffload, one rank
+and two)."""
 
 from __future__ import annotations
 
@@ -40,6 +41,16 @@ def test_snakemake_all_smoke(results_dir):
 
         validate({k: v for k, v in r.items() if k != "_path"})
     assert all((res / "benchmarks/runs" / r["system"]).is_dir() for r in runs)
+    # the smoke sweep's two-rank point of each system (on a machine with two cores)
+    import os
+
+    if len(os.sched_getaffinity(0)) >= 2:
+        multi = D.load_records(res / "runs_w2")
+        assert {r["system"] for r in multi} == {"torch", "superoffload"}
+        for r in multi:
+            assert r["status"] == "ok", r["error"]
+            assert r["world_size"] == 2 and [k["rank"] for k in r["ranks"]] == [0, 1]
+        assert "Several ranks (2 ok" in html
     prov = json.loads((res / "provenance/provenance.json").read_text())
     assert "git_commit" in prov and (res / "provenance/pip_freeze.txt").stat().st_size > 0
     assert len(list((res / "figures").glob("*.svg"))) >= 8
