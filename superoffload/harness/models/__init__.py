@@ -1,12 +1,12 @@
-"""Model zoo: GPT family of the paper's artifact, tiny CI models and Hugging Face shapes."""
+"""Models the harness builds: the zoo's shapes (`superoffload.shapes.MODELS`: the GPT family of the paper's
+artifact, tiny CI models, Hugging Face shapes) as torch modules."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn as nn
 
-from superoffload.harness.models.zoo import MODELS, get_shape
-from superoffload.shapes import ModelShape
+from superoffload.shapes import MODELS, ModelShape, get_shape
 
 __all__ = ["MODELS", "build_model", "get_shape", "count_params"]
 
