@@ -5,17 +5,19 @@ per-figure launch scripts and model.json) and the paper's figures (arXiv 2509.21
 "Paper comparison", lists them. Nothing here is tuned to the paper: the constants are the gh200 preset's
 (specs and microbenchmarks) and the errors are reported as they come out.
 
-Run: ``python -m superoffload.planner.paper`` (markdown table on stdout).
+Run: ``python -m superoffload.planner.paper`` (markdown tables on stdout: the comparison, Fig 10, Fig 12).
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from typing import Any
 
 from superoffload.planner.costmodel import Prediction, Workload, predict
+from superoffload.planner.flops import megatron_flops
 from superoffload.planner.hardware import HardwareProfile
-from superoffload.planner.plan import PlanInfeasible, check_feasible, make_plan
+from superoffload.planner.plan import PlanInfeasible, check_feasible, make_plan, positions_for
 from superoffload.planner.presets import get_profile
 from superoffload.shapes import MODELS, ModelShape, get_shape
 
@@ -40,6 +42,21 @@ CHIP_COUNTS = (1, 4, 16)
 # modelled peers; Megatron and ZeRO-2/3 without offload (the paper's other Fig 11 series) are not modelled,
 # `torch` (DDP) stands in for a data-parallel run without offload
 FIG11_SYSTEMS = ["torch", "fsdp_offload", "zero_offload", "zero_infinity", "ds_superoffload", "superoffload"]
+
+# Fig 12 (sequence length): the artifact's experiment/sequence_length/{four,eight}_chip.sh (commit 3080dad):
+# Megatron-DeepSpeed GPT with --num-layers/--hidden-size of model.json (13B: 65 x 4096), 32 heads,
+# --max-position-embeddings = the sequence length (learned positions: the table grows with it), Ulysses
+# --ds-sequence-parallel-size = the chip count (4 on 2 nodes x 2 GPUs, 8 on 4 nodes x 2), micro-batch 1,
+# global batch 1, ZeRO-3, activation checkpointing; modes prism-ulysses (SuperOffload) and ulysses
+# (ulysses.json: ZeRO-3, no offload). Checkpoints in host memory for both modes as issue 17 describes the
+# artifact (--checkpoint-in-cpu; the stored script versions read do not show the flag). SuperOffload's loss is
+# tiled where its plan needs it (our sequence package); the Ulysses baseline keeps the plain loss (Megatron's).
+FIG12_MODEL = "gpt-13b"
+FIG12_LAYOUT = {4: 2, 8: 2}  # chips (= SP degree) -> ranks per node
+FIG12_SEQS = tuple(8192 * 2**i for i in range(8))  # 8K ... 1M tokens
+FIG12_SYSTEMS = ("ulysses", "superoffload")
+FIG12_PAPER_MFU = 0.55  # abstract: "13B model with sequence lengths up to 1 million tokens on 8 GH200 ... 55% MFU" [V]
+FIG12_PAPER_LONGER = 8.0  # "8x longer than Ulysses" (issue 17's account of the paper; not in the sources read) [S]
 
 
 def _shape(label: str) -> ModelShape:
@@ -173,6 +190,7 @@ def paper_comparison(hardware: str | HardwareProfile = "gh200") -> list[dict[str
         rows.append(_row("fig13", f"1 chip {system}", "largest_model_B", _label_b(name) if name else None,
                          paper, status, f"{name} ({params / 1e9:.2f}B actual)" if name else "nothing fits"))
     rows += multi_chip_rows(hw)
+    rows += fig12_rows(hw)
     # (c) cumulative ablation
     abl = ablation(hw)
     paper_f = {"+GraceAdam": 1.104, "+casting": 1.127, "+STV": 1.45, "+repartitioning": 1.141}
@@ -235,6 +253,107 @@ def multi_chip_rows(hw: HardwareProfile) -> list[dict[str, Any]]:
     return rows
 
 
+_FIG12_CACHE: dict[str, dict[int, dict[int, dict[str, Prediction | None]]]] = {}
+
+
+def fig12(hw: HardwareProfile) -> dict[int, dict[int, dict[str, Prediction | None]]]:
+    """chips -> seq -> system -> prediction per chip (None: out of memory) at the artifact's Fig 12 settings
+    (FIG12_*): SuperOffload with its plan (sp = chips, checkpoints in host memory, the planner's loss tile and
+    weight flow), Ulysses (ZeRO-3 on the device) as the cost model's ``ulysses`` system. Deterministic in
+    the profile, so computed once per profile (16 plans: a few seconds)."""
+    key = json.dumps(hw.to_dict(), sort_keys=True, default=str)
+    if key not in _FIG12_CACHE:
+        _FIG12_CACHE[key] = _fig12(hw)
+    return _FIG12_CACHE[key]
+
+
+def _fig12(hw: HardwareProfile) -> dict[int, dict[int, dict[str, Prediction | None]]]:
+    named = _shape(FIG12_MODEL)
+    out: dict[int, dict[int, dict[str, Prediction | None]]] = {}
+    for chips, per_node in FIG12_LAYOUT.items():
+        out[chips] = {}
+        for seq in FIG12_SEQS:
+            try:
+                so: Prediction | None = make_plan(named, seq, 1, hw, chips=chips, ranks_per_node=per_node, sp=chips,
+                                                  offload_checkpoints=True).predicted
+            except PlanInfeasible:
+                so = None
+            w = Workload(positions_for(named, seq), seq, 1, True, chips=chips, ranks_per_node=per_node, sp=chips,
+                         offload_checkpoints=True)
+            uly = predict("ulysses", w, hw)
+            out[chips][seq] = {"ulysses": uly if uly.fits else None, "superoffload": so}
+    return out
+
+
+def megatron_mfu(p: Prediction, hw: HardwareProfile, chips: int) -> float:
+    """MFU by the formula the artifact's runs print (Megatron's throughput_calculator, ``flops.megatron_flops``:
+    recompute counted, full non-causal attention), for one micro-batch of one sequence per step."""
+    return megatron_flops(_shape(p.model), p.seq, 1, True) / chips / p.step_time_s / hw.device_peak_flops
+
+
+def fig12_rows(hw: HardwareProfile) -> list[dict[str, Any]]:
+    """Fig 12 rows: per chip count, sequence and system the predicted MFU per chip (model FLOPs: 6N + causal
+    attention over the global sequence, no recompute; None and note "OOM" when it does not fit); the paper's
+    one published point (1M tokens, 8 chips, 55 % MFU [V]) against our MFU and against the artifact's Megatron
+    formula; the longest sequence each system fits and, for 8 chips, SuperOffload's over Ulysses' ("8x" [S])."""
+    grid = fig12(hw)
+    rows: list[dict[str, Any]] = []
+    for chips, by_seq in grid.items():
+        per_node = FIG12_LAYOUT[chips]
+        for seq, preds in by_seq.items():
+            for system in FIG12_SYSTEMS:
+                p = preds[system]
+                note = "OOM" if p is None else _fig12_note(p, chips, per_node)
+                rows.append(_row("fig12", f"{FIG12_MODEL} seq {seq} {system}", "mfu",
+                                 None if p is None else round(p.mfu, 3), None, "missing", note, chips=chips))
+        longest = {s: max((q for q, preds in by_seq.items() if preds[s] is not None), default=None)
+                   for s in FIG12_SYSTEMS}
+        for system in FIG12_SYSTEMS:
+            rows.append(_row("fig12", f"{chips} chips {system}", "longest_seq", longest[system], None, "missing",
+                             "nothing fits" if longest[system] is None else f"of {', '.join(map(str, by_seq))}",
+                             chips=chips))
+        if chips == 8:
+            a, b = longest["superoffload"], longest["ulysses"]
+            rows.append(_row("fig12", "8 chips, longest sequence", "superoffload/ulysses",
+                             None if not (a and b) else round(a / b, 2), FIG12_PAPER_LONGER, "S",
+                             "'8x longer than Ulysses' (issue 17's account of the paper)", chips=chips))
+            top = by_seq.get(FIG12_SEQS[-1], {}).get("superoffload")
+            rows.append(_row("fig12", f"{FIG12_MODEL} seq {FIG12_SEQS[-1]} superoffload", "mfu",
+                             None if top is None else round(top.mfu, 3), FIG12_PAPER_MFU, "V",
+                             "abstract: 1M tokens on 8 GH200 at 55% MFU; ours: model FLOPs, causal attention, "
+                             "no recompute" if top else "OOM", chips=chips))
+            rows.append(_row("fig12", f"{FIG12_MODEL} seq {FIG12_SEQS[-1]} superoffload", "megatron_formula_mfu",
+                             None if top is None else round(megatron_mfu(top, hw, chips), 3), FIG12_PAPER_MFU, "V",
+                             "the artifact's printed formula: recompute counted, non-causal attention" if top
+                             else "OOM", chips=chips))
+    return rows
+
+
+def _fig12_note(p: Prediction, chips: int, per_node: int) -> str:
+    o = p.options
+    parts = [f"sp {chips}, {per_node}/node", f"{p.step_time_s:.1f} s/step", f"HBM {p.peak_hbm_bytes / 1e9:.0f} GB"]
+    if o.get("loss_tile"):
+        parts.append(f"loss tile {o['loss_tile']}")
+    if o.get("flow_layers"):
+        parts.append(f"{len(o['flow_layers'])} layers flow")
+    return ", ".join(parts)
+
+
+def fig12_table(rows: list[dict[str, Any]]) -> str:
+    """Fig 12 predictions as a seq x (chips, system) grid of MFU per chip (OOM where it does not fit)."""
+    cols = [(c, s) for c in FIG12_LAYOUT for s in FIG12_SYSTEMS]
+    grid: dict[int, dict[tuple[int, str], str]] = {}
+    for r in rows:
+        if r["figure"] == "fig12" and r["metric"] == "mfu" and r["paper"] is None:
+            seq, system = int(r["point"].split()[2]), r["point"].split()[3]
+            grid.setdefault(seq, {})[(r["chips"], system)] = ("OOM" if r["predicted"] is None
+                                                             else f"{100 * r['predicted']:.1f}%")
+    lines = ["| seq | " + " | ".join(f"{s} ({c} chips)" for c, s in cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    for seq in sorted(grid):
+        lines.append(f"| {seq:,} | " + " | ".join(grid[seq].get(k, "") for k in cols) + " |")
+    return "\n".join(lines)
+
+
 def format_table(rows: list[dict[str, Any]], include_missing: bool = False) -> str:
     lines = ["| figure | point | metric | predicted | paper | status | rel. error | note |",
              "|---|---|---|---|---|---|---|---|"]
@@ -267,3 +386,5 @@ if __name__ == "__main__":
     print(format_table(rows))
     print()
     print(fig10_table(rows))
+    print()
+    print(fig12_table(rows))

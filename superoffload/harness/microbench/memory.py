@@ -9,6 +9,16 @@ warm-up, and reports:
 - pinned host bytes, measured (allocated, after any rounding) and needed (what the transfer buffers
   need), and pageable host bytes, with the planner's numbers beside them.
 
+Long sequences (superoffload/sequence), single process: `offload_checkpoints` builds the model with its
+checkpoints in host memory (`activation_checkpointing="offload"`), `loss_tile` swaps in the tiled loss
+(`enable_sequence_parallel(model, None, loss_tile=...)`, SP = 1). The offloader's host copies are plain CPU
+tensors made on the training thread, which the simulated device would count as device activations; here
+they are made outside its ledger, as on CUDA, where they are pinned host memory. The ledger has no host
+peaks, so their measured bytes are the offloader's own (`ActivationOffloader.stats().peak_host_bytes`),
+added to the pinned host bytes and reported as the host category `activation_checkpoints`. On the CPU path
+the offloader hands its host copy straight to the recompute, so the device window of two block inputs the
+planner charges (CUDA's prefetch buffers) is not measured here.
+
 The JSON (`--json`, one object on stdout, or `--out FILE`) follows
 superoffload/harness/memory_bench.schema.json.
 """
@@ -16,10 +26,12 @@ superoffload/harness/memory_bench.schema.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime as _dt
 import json
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 from superoffload.harness.models import MODELS
@@ -28,7 +40,7 @@ RECORD_KIND = "memory_bench"
 
 
 def _planned(shape: Any, seq: int, batch: int, checkpointing: bool, cfg: Any, world: int,
-             device_is_host: bool) -> Any:
+             device_is_host: bool, offload_checkpoints: bool = False, loss_tile: int | None = None) -> Any:
     from superoffload.planner.memory import EngineMemoryInput, engine_memory
 
     if shape.learned_positions:  # the harness builds position embeddings for the run's sequence length
@@ -37,14 +49,39 @@ def _planned(shape: Any, seq: int, batch: int, checkpointing: bool, cfg: Any, wo
         precision=cfg.precision, bucket_size=cfg.bucket_size, device_tail_buckets=cfg.device_tail_buckets,
         flow_layers=tuple(cfg.flow_layers), flow_prefetch=cfg.flow_prefetch, grad_cast=cfg.grad_cast,
         param_cast=cfg.param_cast, rollback_mode=cfg.rollback_mode, amsgrad=cfg.optimizer.amsgrad,
-        grad_accum=cfg.grad_accum, staging_buffers=cfg.staging_buffers, world=world, device_is_host=device_is_host)
+        grad_accum=cfg.grad_accum, staging_buffers=cfg.staging_buffers, world=world, device_is_host=device_is_host,
+        offload_checkpoints=offload_checkpoints, loss_tile=loss_tile)
     return engine_memory(shape, seq, batch, checkpointing, inp)
+
+
+@contextlib.contextmanager
+def _host_checkpoints(dev: Any) -> Iterator[None]:
+    """On the simulated device, the offloader's host copies are made outside the device's ledger (see the
+    module doc); elsewhere nothing changes."""
+    if dev.kind != "sim":
+        yield
+        return
+    from unittest import mock
+
+    import torch
+
+    from superoffload.sequence import checkpoint
+
+    def host_copy(t: torch.Tensor, pin: bool) -> torch.Tensor:
+        with dev._untracked():
+            return torch.empty_like(t, device="cpu")
+
+    with mock.patch.object(checkpoint, "_empty_host_like", host_copy):
+        yield
 
 
 def measure(model: str, seq: int, batch: int, *, device: str = "sim", dtype: str = "bf16", grad_accum: int = 1,
             checkpointing: bool = False, options: dict[str, Any] | None = None, warmup: int = 2,
-            steps: int = 1, seed: int = 0) -> dict[str, Any]:
+            steps: int = 1, seed: int = 0, offload_checkpoints: bool = False,
+            loss_tile: int | None = None) -> dict[str, Any]:
     """Run the engine on `model` and return the memory record (see the module doc)."""
+    if offload_checkpoints and not checkpointing:
+        raise ValueError("offload_checkpoints keeps activation checkpoints in host memory: it needs checkpointing")
     import superoffload
     from superoffload.harness import provenance
     from superoffload.harness.data import SyntheticData
@@ -58,40 +95,57 @@ def measure(model: str, seq: int, batch: int, *, device: str = "sim", dtype: str
                     system_options=dict(options or {}))
     plan = plan_for(shape, run)
     cfg = engine_config(run, plan)
-    engine = superoffload.initialize(build_model(shape, seq=seq, seed=seed, activation_checkpointing=checkpointing),
-                                     cfg)
+    net = build_model(shape, seq=seq, seed=seed,
+                      activation_checkpointing="offload" if offload_checkpoints else checkpointing)
+    if loss_tile is not None:
+        from superoffload.sequence import enable_sequence_parallel
+
+        enable_sequence_parallel(net, None, loss_tile=loss_tile)  # SP = 1: the tiled token-normalized loss
+    engine = superoffload.initialize(net, cfg)
     dev = engine.device
     try:
         data = SyntheticData(shape.vocab, seq, batch, grad_accum=grad_accum, seed=seed)
-        for i in range(warmup + steps):
-            if i == warmup:
-                engine.synchronize()
-                dev.reset_peak_memory()
-            b = data.batch_at(i)
-            for x, y in zip(b.inputs, b.targets, strict=True):
-                engine.backward(engine(x.to(dev.torch_device), y.to(dev.torch_device)))
-            engine.step()
+        with _host_checkpoints(dev):
+            for i in range(warmup + steps):
+                if i == warmup:
+                    engine.synchronize()
+                    dev.reset_peak_memory()
+                    if offload_checkpoints:
+                        net.activation_offloader.reset_peak()
+                b = data.batch_at(i)
+                for x, y in zip(b.inputs, b.targets, strict=True):
+                    engine.backward(engine(x.to(dev.torch_device), y.to(dev.torch_device)))
+                engine.step()
         engine.synchronize()
         rep = dev.memory_report()
         world = engine.comm.world
+        ckpt_host = net.activation_offloader.stats().peak_host_bytes if offload_checkpoints else 0
     finally:
         engine.close()
-    est = _planned(shape, seq, batch, checkpointing, cfg, world, dev.shares_host_memory)
+    est = _planned(shape, seq, batch, checkpointing, cfg, world, dev.shares_host_memory, offload_checkpoints,
+                   loss_tile)
     planned_pinned = est.pinned_total
     planned_pageable = sum(v for k, v in est.host.items() if k not in est.pinned_keys)
+    host_measured = {k: int(v) for k, v in rep["host_by_category"].items()}
+    pinned_ckpt = 0
+    if offload_checkpoints:  # the offloader's own count (see the module doc): pinned on CUDA
+        host_measured["activation_checkpoints"] = int(ckpt_host)
+        pinned_ckpt = int(ckpt_host) if not dev.shares_host_memory else 0
     return {
         "kind": RECORD_KIND, "schema_version": 1,
         "created_utc": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "model": model, "seq": seq, "batch": batch, "grad_accum": grad_accum, "dtype": dtype,
         "activation_checkpointing": checkpointing, "device": dev.kind, "world_size": world,
         "device_peak_bytes": {"measured": int(rep["device_peak_bytes"]), "planned": int(est.device_total)},
-        "pinned_host_bytes": {"measured": int(rep["host_allocated_bytes"]["pinned"]),
-                              "needed": int(rep["host_needed_bytes"]["pinned"]), "planned": int(planned_pinned)},
-        "pageable_host_bytes": {"measured": int(rep["host_needed_bytes"]["pageable"]),
+        "pinned_host_bytes": {"measured": int(rep["host_allocated_bytes"]["pinned"]) + pinned_ckpt,
+                              "needed": int(rep["host_needed_bytes"]["pinned"]) + pinned_ckpt,
+                              "planned": int(planned_pinned)},
+        "pageable_host_bytes": {"measured": int(rep["host_needed_bytes"]["pageable"])
+                                + (int(ckpt_host) if offload_checkpoints and dev.shares_host_memory else 0),
                                 "planned": int(planned_pageable)},
         "device_by_category": {"measured": {k: int(v) for k, v in rep["device_at_peak"].items()},
                                "planned": {k: int(v) for k, v in est.device.items()}},
-        "host_by_category": {"measured": {k: int(v) for k, v in rep["host_by_category"].items()},
+        "host_by_category": {"measured": host_measured,
                              "planned": {k: int(v) for k, v in est.host.items()}},
         "config": cfg.to_dict(), "plan": plan.to_dict() if plan is not None else None,
         "provenance": provenance.collect(dev.name()),
