@@ -183,6 +183,10 @@ def add_cli(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per step (default 1)")
     p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="bf16", help="precision (default bf16)")
     p.add_argument("--checkpointing", action="store_true", help="activation checkpointing per block")
+    p.add_argument("--offload-checkpoints", action="store_true",
+                   help="with --checkpointing: the checkpoints in host memory (superoffload.sequence)")
+    p.add_argument("--loss-tile", type=int, default=None,
+                   help="the tiled loss with this many tokens per tile (superoffload.sequence, SP = 1)")
     p.add_argument("--device", choices=["auto", "cuda", "host", "sim", "cpu"], default="sim",
                    help="sim (default: the CUDA code path on a simulated device, every allocation measured), "
                         "cuda, or host")
@@ -197,8 +201,9 @@ def main(args: argparse.Namespace) -> int:
     from superoffload.cli.bench_run import _option
     from superoffload.harness.record import write_result
 
-    if args.seq < 1 or args.batch < 1 or args.grad_accum < 1:
-        print("superoffload bench memory: error: --seq, --batch and --grad-accum must be >= 1", file=sys.stderr)
+    if args.seq < 1 or args.batch < 1 or args.grad_accum < 1 or (args.loss_tile is not None and args.loss_tile < 1):
+        print("superoffload bench memory: error: --seq, --batch, --grad-accum and --loss-tile must be >= 1",
+              file=sys.stderr)
         return 2
     try:
         opts = dict(_option(o) for o in args.option)
@@ -207,7 +212,8 @@ def main(args: argparse.Namespace) -> int:
         return 2
     try:
         rec = measure(args.model, args.seq, args.batch, device=args.device, dtype=args.dtype,
-                      grad_accum=args.grad_accum, checkpointing=args.checkpointing, options=opts)
+                      grad_accum=args.grad_accum, checkpointing=args.checkpointing, options=opts,
+                      offload_checkpoints=args.offload_checkpoints, loss_tile=args.loss_tile)
     except ValueError as e:  # ConfigError included: a bad option or device, before any training
         print(f"superoffload bench memory: error: {e}", file=sys.stderr)
         return 2
