@@ -141,6 +141,6 @@ def test_an_exception_on_one_rank_ends_the_job(tmp_path, hang):
     res, codes, ended = run_ranks(2, "raise", tmp_path, args=("--hang",) if hang else (), check=False,
                                   timeout=60, pg_timeout_s=10, wait_for=(0,))
     log0 = (tmp_path / "rank0.log").read_text()
-    assert codes[0] not in (0, -9), f"rank 0 did not fail by itself (exit {codes[0]}):\n{log0[-2000:]}"
+    assert codes[0] not in (0, None), f"rank 0 did not fail by itself (exit {codes[0]}):\n{log0[-2000:]}"
     assert ended[0] < 45, f"rank 0 took {ended[0]:.0f} s to fail"
     assert ("imed out" in log0 or "Timeout" in log0) if hang else "Connection closed by peer" in log0, log0[-2000:]

@@ -5,11 +5,8 @@ masters gathered from both ranks."""
 
 from __future__ import annotations
 
-import os
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -17,43 +14,23 @@ import torch
 from safetensors.torch import load_file
 
 from superoffload.harness import record
+from tests.ranks import REPO, free_port, launch, rank_env
 
-ROOT = Path(__file__).resolve().parents[2]
 COMMON = ["--max-length", "64", "--lr", "3e-3", "--warmup-steps", "2", "--threads", "1", "--no-progress",
           "--dtype", "fp32", "--save-dtype", "fp32", "--device", "cpu"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _finetune(world: int, argv: list[str], timeout: float = 240.0) -> list[subprocess.CompletedProcess]:
-    """Run `superoffload finetune` as ``world`` ranks (torchrun's variables); every collective of the job
-    times out after 60 s, and the whole job after ``timeout``, so a broken rank fails the test."""
-    port = _free_port()
-    procs = []
-    for rank in range(world):
-        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
-               "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-               "SUPEROFFLOAD_DIST_TIMEOUT_S": "60", "OMP_NUM_THREADS": "1",
-               "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-        procs.append(subprocess.Popen([sys.executable, "-m", "superoffload", "finetune", *COMMON, *argv], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT))
-    deadline = time.monotonic() + timeout
-    done = []
-    for p in procs:
-        try:
-            out, err = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            pytest.fail(f"finetune with {world} ranks still running after {timeout} s")
-        done.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
-    for rank, r in enumerate(done):
-        assert r.returncode == 0, f"rank {rank}:\n{r.stdout}\n{r.stderr}"
-    return done
+def _finetune(world: int, argv: list[str], logs: Path, timeout: float = 240.0) -> list[str]:
+    """Run `superoffload finetune` as ``world`` ranks with torchrun's variables; every collective times out
+    after 60 s and the job after ``timeout``, so a broken rank fails the test. Returns each rank's output."""
+    port = str(free_port())
+    ended = launch(world, lambda rank: ["-m", "superoffload", "finetune", *COMMON, *argv], logs,
+                   env=rank_env({"SUPEROFFLOAD_DIST_TIMEOUT_S": "60", "MASTER_ADDR": "127.0.0.1",
+                                 "MASTER_PORT": port, "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world)}),
+                   rank_vars=lambda rank: {"RANK": str(rank), "LOCAL_RANK": str(rank)}, timeout=timeout)
+    if ended.failed():
+        pytest.fail(ended.report(f"finetune with {world} ranks"))
+    return ended.logs
 
 
 def _losses(out: Path) -> list[float]:
@@ -72,7 +49,7 @@ def two_rank_run(tiny, tmp_path_factory):
     out = root / "run"
     COMMON.extend(["--grad-clip", "0", "--config", str(cfg)])
     _finetune(2, ["--model", str(model), "--data", str(data), "--steps", "6", "--batch", "1", "--grad-accum", "2",
-                  "--save-every", "3", "--out", str(out)])
+                  "--save-every", "3", "--out", str(out)], root / "logs")
     yield model, data, out
     del COMMON[-4:]
 
@@ -81,7 +58,7 @@ def test_two_ranks_train_the_global_batch_of_one(two_rank_run, tmp_path):
     model, data, out = two_rank_run
     one = tmp_path / "w1"
     _finetune(1, ["--model", str(model), "--data", str(data), "--steps", "6", "--batch", "2", "--grad-accum", "2",
-                  "--out", str(one)])
+                  "--out", str(one)], tmp_path / "logs")
     two, single = _losses(out), _losses(one)
     assert len(two) == 6 and two[-1] < two[0]
     # the same rows, tokens and normalization; only the order of the gradient sums differs
@@ -103,8 +80,9 @@ def test_two_rank_checkpoint_resumes_exactly_and_reshards(two_rank_run, tmp_path
         (split / "checkpoints").mkdir(parents=True)
         subprocess.run(["cp", "-r", str(src), str(split / "checkpoints")], check=True)
         (split / "checkpoints" / "latest.json").write_text('{"step": 3, "dir": "step-0000003"}')
-        r = _finetune(world, ["--model", str(model), "--data", str(data), "--steps", "6", "--batch", str(batch),
-                              "--grad-accum", "2", "--out", str(split), "--resume"])
+        logs = _finetune(world, ["--model", str(model), "--data", str(data), "--steps", "6", "--batch",
+                                 str(batch), "--grad-accum", "2", "--out", str(split), "--resume"],
+                         tmp_path / f"logs-w{world}")
         resumed, full = _losses(split), _losses(out)
         assert len(resumed) == 6 and resumed[:3] == full[:3]
         if world == 2:  # the same ranks: bit-exact
@@ -112,7 +90,7 @@ def test_two_rank_checkpoint_resumes_exactly_and_reshards(two_rank_run, tmp_path
             a, b = load_file(split / "final" / "model.safetensors"), load_file(out / "final" / "model.safetensors")
             assert all(torch.equal(a[k], b[k]) for k in a)
         else:  # re-sharded onto one rank: the same training, summed in another order
-            assert "re-shards" in r[0].stderr
+            assert "re-shards" in logs[0]
             assert max(abs(x - y) / abs(y) for x, y in zip(resumed, full, strict=True)) < 1e-5
 
 
@@ -120,7 +98,6 @@ def test_resume_with_another_global_batch_is_refused(two_rank_run, tmp_path):
     model, data, out = two_rank_run
     r = subprocess.run([sys.executable, "-m", "superoffload", "finetune", *COMMON, "--model", str(model), "--data",
                         str(data), "--steps", "6", "--batch", "1", "--grad-accum", "2", "--out", str(out),
-                        "--resume"], capture_output=True, text=True, cwd=ROOT,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+                        "--resume"], capture_output=True, text=True, cwd=REPO, env=rank_env())
     assert r.returncode == 2
     assert "global_batch (--batch x ranks) is 1 but the checkpoint" in r.stderr

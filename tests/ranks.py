@@ -1,0 +1,89 @@
+"""Start W processes as the ranks of one gloo job on 127.0.0.1 and wait for them, never forever.
+
+The multi-rank tests (engine, sequence parallelism, finetune) share this: every rank is a subprocess with
+one OpenMP thread and its output in ``out/rank{r}.log``; the launcher kills any rank still running after
+``timeout`` seconds (each test also gives its process group a short timeout, so a broken collective ends
+a rank with an error well before that).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+# variables a launcher (torchrun, an outer test) may have set that would confuse a rank
+_INHERITED = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def rank_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """This process's environment for a rank: the repository on PYTHONPATH, one thread, no inherited
+    rank variables."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    for k in _INHERITED:
+        env.pop(k, None)
+    env.update(extra or {})
+    return env
+
+
+@dataclass
+class Ended:
+    codes: list[int | None]  # exit status per rank (None: killed by the launcher)
+    wall_s: list[float]  # seconds from the start until each rank ended (or was killed)
+    logs: list[str]  # each rank's stdout and stderr
+
+    def failed(self) -> bool:
+        return any(c != 0 for c in self.codes)
+
+    def report(self, what: str) -> str:
+        return f"{what} failed:\n" + "\n".join(f"--- rank {r} (exit {c}) ---\n{log[-4000:]}"
+                                               for r, (c, log) in enumerate(zip(self.codes, self.logs, strict=True)))
+
+
+def launch(world: int, command: Callable[[int], list[str]], out: Path, *, env: dict[str, str] | None = None,
+           timeout: float = 240.0, wait_for: Iterable[int] | None = None,
+           rank_vars: Callable[[int], dict[str, str]] | None = None) -> Ended:
+    """Run ``command(rank)`` (argv after the Python interpreter) for every rank, from the repository root.
+    ``wait_for``: the ranks whose end is awaited (default all); the others are killed once those have ended.
+    ``rank_vars(rank)``: environment variables of that rank only (torchrun's RANK etc.)."""
+    out.mkdir(parents=True, exist_ok=True)
+    env = env if env is not None else rank_env()
+    procs = []
+    t0 = time.monotonic()
+    for rank in range(world):
+        log = open(out / f"rank{rank}.log", "w")  # noqa: SIM115 - closed below
+        procs.append((subprocess.Popen([sys.executable, *command(rank)], stdout=log, stderr=subprocess.STDOUT,
+                                       cwd=REPO, env={**env, **(rank_vars(rank) if rank_vars else {})}), log))
+    awaited = list(range(world) if wait_for is None else wait_for)
+    ended: list[float | None] = [None] * world
+    killed = [False] * world
+    try:
+        while time.monotonic() < t0 + timeout and any(ended[r] is None for r in awaited):
+            for r, (p, _) in enumerate(procs):
+                if ended[r] is None and p.poll() is not None:
+                    ended[r] = time.monotonic() - t0
+            time.sleep(0.05)
+    finally:
+        for r, (p, log) in enumerate(procs):
+            if p.poll() is None:
+                killed[r] = True
+                p.kill()
+                p.wait()
+            log.close()
+    wall = [e if e is not None else time.monotonic() - t0 for e in ended]
+    codes = [None if k else p.returncode for (p, _), k in zip(procs, killed, strict=True)]
+    logs = [(out / f"rank{r}.log").read_text() for r in range(world)]
+    return Ended(codes, wall, logs)
