@@ -14,7 +14,8 @@ DESCRIPTION = (
     "Fine-tune MODEL (a local Hugging Face directory, never downloaded, or a zoo name) on DATA (.json/.jsonl "
     "Alpaca 'instruction'/'input'/'output' or 'text' records, or a .bin of token ids) for STEPS optimizer "
     "steps with the SuperOffload engine: bf16, activation checkpointing, warm-up + cosine LR, the planner's "
-    "plan for this machine. Writes checkpoints, DIR/final (save_pretrained) and DIR/record.json."
+    "plan for this machine. Writes checkpoints, DIR/final (save_pretrained) and DIR/record.json. Under "
+    "torchrun every rank trains its own rows (--batch per rank) and the engine sums their gradients."
 )
 
 
