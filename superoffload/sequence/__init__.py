@@ -14,6 +14,7 @@ from superoffload.sequence.loss import (
     TokenNormalizedLoss,
     count_tokens,
     global_loss,
+    head_weight,
     tiled_token_losses,
     token_losses,
 )
@@ -38,7 +39,8 @@ from superoffload.sequence.ulysses import (
 __all__ = [
     "IGNORE_INDEX", "HF_ATTENTION",
     "ActivationOffloader", "OffloadStats", "offloaded_checkpoint", "enable_offloaded_checkpointing",
-    "TiledTokenLosses", "TokenNormalizedLoss", "count_tokens", "global_loss", "tiled_token_losses", "token_losses",
+    "TiledTokenLosses", "TokenNormalizedLoss", "count_tokens", "global_loss", "head_weight",
+    "tiled_token_losses", "token_losses",
     "SequenceParallel", "enable_sequence_parallel",
     "HeadsToSeq", "SeqToHeads", "UlyssesAttention", "causal_sdpa", "heads_to_seq", "kv_repeat_factor",
     "seq_to_heads", "shard_sequence", "ulysses_attention",

@@ -27,6 +27,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch import nn
 
 from superoffload.sequence.ulysses import Group, group_size
 
@@ -111,6 +112,20 @@ def tiled_token_losses(hidden: torch.Tensor, weight: torch.Tensor, targets: torc
     return TiledTokenLosses.apply(h, weight, targets.reshape(-1), int(tile), ignore_index)
 
 
+def head_weight(head: nn.Module | torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+    """The LM-head weight for a loss that multiplies by it itself.
+
+    Given the head module, it is first called on zero tokens so that its forward pre-hooks run as for a
+    real call: an engine that returns weights asynchronously (SuperOffload uploads each bucket after the
+    step and makes a module's forward wait for its own) waits there for this weight. Reading ``.weight``
+    without a call could see it half uploaded; a tensor is taken as given (the caller vouches for it).
+    """
+    if isinstance(head, nn.Module):
+        head(hidden.narrow(-2, 0, 0))
+        return head.weight
+    return head
+
+
 def count_tokens(targets: torch.Tensor, group: Group = None, *, ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
     """Number of non-ignored targets summed over ``group`` (an int64 tensor on ``targets``'s device)."""
     n = (targets != ignore_index).sum().to(torch.int64).reshape(1)
@@ -122,7 +137,8 @@ def count_tokens(targets: torch.Tensor, group: Group = None, *, ignore_index: in
 class TokenNormalizedLoss:
     """Per-rank LM loss = (sum of this rank's token losses) * (1 / global token count).
 
-    ``fn(hidden, lm_head_weight, targets) -> loss``, the loss hook of the harness models. Summing the
+    ``fn(hidden, head, targets) -> loss``, the loss hook of the harness models; ``head`` is the LM-head
+    module (preferred: see ``head_weight``) or its weight. Summing the
     resulting gradients over the ranks of ``group`` (no averaging) gives the gradient of the mean loss
     over all of their tokens.
 
@@ -150,8 +166,8 @@ class TokenNormalizedLoss:
             n = count_tokens(targets, self.group, ignore_index=self.ignore_index).to(torch.float64)
         return n.reciprocal().to(torch.float32)
 
-    def __call__(self, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return self.token_losses(hidden, weight, targets).sum() * self.scale(targets)
+    def __call__(self, hidden: torch.Tensor, head: nn.Module | torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return self.token_losses(hidden, head_weight(head, hidden), targets).sum() * self.scale(targets)
 
 
 def global_loss(loss: torch.Tensor, group: Group = None) -> torch.Tensor:

@@ -179,7 +179,7 @@ def _enable_hf(hf: nn.Module, sp: SequenceParallel, wrapper: nn.Module | None) -
         if kwargs.get("labels") is not None:
             raise ValueError("under sequence parallelism transformers' labels loss would shift the labels inside each "
                              "rank's chunk: shift the targets over the whole sequence, shard them, and compute the "
-                             "loss with SequenceParallel.loss(hidden, lm_head.weight, targets)")
+                             "loss with SequenceParallel.loss(hidden, lm_head, targets)")
         return None
 
     if decoder is not hf:

@@ -143,7 +143,7 @@ def llama_bare(world: int) -> dict:
     hf = _build("llama-tiny").model
     sp = enable_sequence_parallel(hf)
     hidden = hf.model(input_ids=sp.shard(x)).last_hidden_state
-    loss = sp.loss(hidden, hf.lm_head.weight, sp.shard(y))
+    loss = sp.loss(hidden, hf.lm_head, sp.shard(y))
     loss.backward()
     for p in hf.parameters():
         if p.grad is not None:

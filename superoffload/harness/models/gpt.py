@@ -7,7 +7,7 @@ interface every system in the harness trains.
 Hooks for sequence parallelism (``superoffload.sequence``), all off by default (then the model computes
 exactly what it did without them): ``CausalSelfAttention.attention_fn`` replaces the local attention,
 ``forward(..., position_offset=)`` shifts the learned positions to a sequence chunk's global offset,
-``GPT.loss_fn(hidden, lm_head_weight, targets)`` replaces the mean cross-entropy, and
+``GPT.loss_fn(hidden, lm_head, targets)`` replaces the mean cross-entropy, and
 ``activation_checkpointing="offload"`` keeps the checkpoints in host memory.
 """
 
@@ -91,8 +91,8 @@ class GPT(nn.Module):
             from superoffload.sequence.checkpoint import ActivationOffloader
 
             self.activation_offloader = ActivationOffloader()
-        # None: mean cross-entropy over the logits; else fn(hidden, lm_head_weight, targets) -> loss
-        self.loss_fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+        # None: mean cross-entropy over the logits; else fn(hidden, lm_head module, targets) -> loss
+        self.loss_fn: Callable[[torch.Tensor, nn.Module, torch.Tensor], torch.Tensor] | None = None
         self.wte = nn.Embedding(shape.vocab, shape.hidden)
         self.wpe = nn.Embedding(self.max_seq, shape.hidden) if shape.learned_positions else None
         self.blocks = nn.ModuleList(Block(shape) for _ in range(shape.layers))
@@ -134,7 +134,7 @@ class GPT(nn.Module):
             else:
                 x = block(x)
         if targets is not None and self.loss_fn is not None:
-            return self.loss_fn(self.ln_f(x), self.lm_head.weight, targets)
+            return self.loss_fn(self.ln_f(x), self.lm_head, targets)  # the module: see sequence.head_weight
         logits = self.lm_head(self.ln_f(x))
         if targets is None:
             return logits

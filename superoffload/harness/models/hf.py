@@ -19,7 +19,9 @@ class CausalLM(nn.Module):
     """Adapts a `transformers` causal LM to the harness interface ``forward(idx, targets) -> loss``.
 
     ``loss_fn`` (None by default: mean cross-entropy over the logits) may be set to
-    ``fn(hidden, lm_head_weight, targets) -> loss``; the logits are then left to it (superoffload.sequence
+    ``fn(hidden, lm_head, targets) -> loss`` (the head module, so that calling it on zero tokens lets an
+    engine's pre-forward hook wait for its weight: superoffload.sequence.head_weight); the logits are then
+    left to it (superoffload.sequence
     uses this for the token-normalized and the tiled loss). It assumes logits = lm_head(last hidden state),
     true of the Llama-style models of the zoo.
     """
@@ -27,13 +29,13 @@ class CausalLM(nn.Module):
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
-        self.loss_fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+        self.loss_fn: Callable[[torch.Tensor, nn.Module, torch.Tensor], torch.Tensor] | None = None
         self.activation_offloader = None  # set by build_hf(activation_checkpointing="offload")
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         if targets is not None and self.loss_fn is not None:
             hidden = self.model.get_decoder()(input_ids=idx, use_cache=False).last_hidden_state
-            return self.loss_fn(hidden, self.model.get_output_embeddings().weight, targets)
+            return self.loss_fn(hidden, self.model.get_output_embeddings(), targets)  # see sequence.head_weight
         logits = self.model(input_ids=idx, use_cache=False).logits
         if targets is None:
             return logits
