@@ -112,6 +112,8 @@ class DeepSpeedSystem:
 
     name: ClassVar[str] = "deepspeed"
     OPTIONS: ClassVar[dict[str, Any]] = dict(COMMON_OPTIONS)
+    # DeepSpeed ops this system builds just in time on first use (announced, stale build locks cleared)
+    DS_OPS: ClassVar[tuple[str, ...]] = ds_build.CPU_OFFLOAD_BUILDERS
 
     @classmethod
     def validate(cls, run: RunConfig) -> dict[str, Any]:
@@ -128,12 +130,30 @@ class DeepSpeedSystem:
     def before_initialize(self) -> None:
         """Hook run just before deepspeed.initialize (ds_superoffload installs its CPU shims here)."""
 
+    def prepare(self, model: torch.nn.Module, shape: ModelShape, run: RunConfig) -> dict[str, Any]:
+        """Hook run after the process group exists and before the config is built: change the model in place
+        and return extra keyword arguments for deepspeed.initialize (ulysses: the SP groups as ``mpu``)."""
+        return {}
+
+    def batch_world(self, world: int) -> int:
+        """The data-parallel ranks DeepSpeed divides ``train_batch_size`` by (every rank, unless sequence
+        parallelism shares a micro-batch between ranks)."""
+        return world
+
+    def micro_batch(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """What this rank feeds of one micro-batch (ulysses: its chunk of every sequence)."""
+        return x, y
+
+    def reported_loss(self, total: torch.Tensor) -> torch.Tensor:
+        """The loss a step reports from this rank's mean over its micro-batches (ulysses: the global one)."""
+        return total
+
     def setup(self, model: torch.nn.Module, shape: ModelShape, run: RunConfig) -> None:
         options = self.validate(run)
         ds = import_deepspeed()
         # DeepSpeed JIT-builds its CPU ops on first use (cpu_adam in initialize, the CPU accelerator's
         # shm comm op in init_distributed): say so first, and clear the lock of a build that died
-        ds_build.prepare_deepspeed_ops()
+        ds_build.prepare_deepspeed_ops(self.DS_OPS)
         self.run = run
         self.version = ds.__version__
         self.device = get_device(run.device)
@@ -144,14 +164,15 @@ class DeepSpeedSystem:
         for key, value in options.items():
             if key in COMMON_OPTIONS:
                 zero[key] = value
-        self.state = DSState(config=build_config(run, zero, world))
+        self.state = DSState(config=build_config(run, zero, self.batch_world(world)))
         # DeepSpeed reuses the group we created (or torchrun's); gloo on CPU, nccl on CUDA
         ds.init_distributed(dist_backend=self.backend)
+        extra = self.prepare(model, shape, run)
         self.before_initialize()
         groups = split_decay_groups(model, run.weight_decay)  # the same groups as the torch system
         # a copy: DeepSpeed may fill in the dict it is given; the record keeps what we asked for
         engine, *_ = ds.initialize(model=model, model_parameters=groups,
-                                   config=copy.deepcopy(self.state.config))
+                                   config=copy.deepcopy(self.state.config), **extra)
         self.state.engine = engine
 
     def step(self, batch: Batch) -> torch.Tensor:
@@ -160,13 +181,14 @@ class DeepSpeedSystem:
         total = torch.zeros((), device=dev)
         n = len(batch.inputs)
         for x, y in zip(batch.inputs, batch.targets, strict=True):
+            x, y = self.micro_batch(x, y)
             loss = engine(x.to(dev, non_blocking=True), y.to(dev, non_blocking=True))
             engine.backward(loss)  # DeepSpeed divides by gradient_accumulation_steps itself
             engine.step()  # an optimizer step only at the accumulation boundary
             total += loss.detach().float() / n
         norm = engine.get_global_grad_norm()
         self.state.grad_norms.append(None if norm is None else float(norm))
-        return total
+        return self.reported_loss(total)
 
     def stats(self) -> dict[str, Any]:
         engine = self.state.engine

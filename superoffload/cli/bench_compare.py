@@ -1,8 +1,10 @@
 """`superoffload bench compare RESULTS_DIR`: one table over the records in a folder.
 
-Records compare with the baseline of the same (model, seq, global batch, dtype, world size): tokens/s,
-TFLOPS and MFU are per device; a multi-rank record also shows its aggregate tokens/s (a record without
-`world_size` ran on one rank)."""
+Records compare with the baseline of the same (model, seq, global batch, dtype, world size, SP degree):
+tokens/s, TFLOPS and MFU are per device; a multi-rank record also shows its aggregate tokens/s (a record
+without `world_size` ran on one rank, one without `run.sp` with SP 1). Under sequence parallelism `seq` is
+the global sequence length and tokens/s count the tokens each device processed (seq / sp of every
+sequence); MFU counts attention over the global sequence."""
 
 from __future__ import annotations
 
@@ -31,9 +33,15 @@ def world_size(rec: dict[str, Any]) -> int:
     return w if isinstance(w, int) and w >= 1 else 1
 
 
+def sp_of(rec: dict[str, Any]) -> int:
+    """Ulysses degree of a record (1 for records written before `run.sp` existed)."""
+    sp = (rec.get("run") or {}).get("sp", 1)
+    return sp if isinstance(sp, int) and sp >= 1 else 1
+
+
 def config_key(rec: dict[str, Any]) -> tuple:
     r = rec["run"]
-    return (rec["model"]["name"], r["seq"], r["global_batch"], r["dtype"], world_size(rec))
+    return (rec["model"]["name"], r["seq"], r["global_batch"], r["dtype"], world_size(rec), sp_of(rec))
 
 
 def compare_rows(recs: list[dict[str, Any]], baseline: str) -> list[dict[str, Any]]:
@@ -47,7 +55,7 @@ def compare_rows(recs: list[dict[str, Any]], baseline: str) -> list[dict[str, An
         b = base_tps.get(config_key(r))
         rows.append({
             "system": r["system"], "model": r["model"]["name"], "seq": r["run"]["seq"],
-            "batch": r["run"]["global_batch"], "dtype": r["run"]["dtype"], "world": world_size(r),
+            "batch": r["run"]["global_batch"], "dtype": r["run"]["dtype"], "world": world_size(r), "sp": sp_of(r),
             "status": r["status"], "tokens_per_s": tps,
             "aggregate_tokens_per_s": tp.get("aggregate_tokens_per_s", tps),
             "tflops": tp.get("model_tflops"), "mfu": tp.get("mfu"),
@@ -60,7 +68,7 @@ def compare_rows(recs: list[dict[str, Any]], baseline: str) -> list[dict[str, An
 
 def format_table(rows: list[dict[str, Any]], baseline: str) -> str:
     cols = [("system", "{}"), ("model", "{}"), ("seq", "{}"), ("batch", "{}"), ("dtype", "{}"), ("world", "{}"),
-            ("status", "{}"), ("tokens_per_s", "{:.0f}"), ("aggregate_tokens_per_s", "{:.0f}"),
+            ("sp", "{}"), ("status", "{}"), ("tokens_per_s", "{:.0f}"), ("aggregate_tokens_per_s", "{:.0f}"),
             ("tflops", "{:.3f}"), ("mfu", "{:.1%}"),
             ("hfu", "{:.1%}"), ("peak_device_gib", "{:.2f}"), ("peak_rss_gib", "{:.2f}"), ("ratio", "{:.2f}x")]
     head = [c if c != "ratio" else f"vs {baseline}" for c, _ in cols]

@@ -4,6 +4,12 @@
 `python -m torch.distributed.run --standalone --nproc_per_node N -m superoffload bench run ...` (the
 same options without `--nproc`), waits, and makes sure a record exists afterwards (rank 0 writes it; if
 the ranks died without one, an error record with the tail of their output is written here).
+
+`--sp K` (with `--nproc N`, K dividing N; systems `superoffload` and `ulysses`) splits every sequence over K
+consecutive ranks with Ulysses sequence parallelism: `--seq` is then the global sequence length and each
+rank holds seq / K tokens of it; N / K data-parallel groups each train their own `--batch` sequences.
+`--loss-tile T` and `--offload-checkpoints` add the sequence package's tiled loss and checkpoints in host
+memory. Every bad combination is a one-line error (exit 2) before anything is launched.
 """
 
 from __future__ import annotations
@@ -80,8 +86,10 @@ def add_cli(sub: argparse._SubParsersAction) -> None:
                    help=f"system under test: {', '.join(SYSTEMS)}")
     p.add_argument("--model", required=True, choices=list(MODELS), metavar="MODEL",
                    help=f"model from the zoo: {', '.join(MODELS)}")
-    p.add_argument("--seq", type=_positive_int, default=128, help="sequence length (default 128)")
-    p.add_argument("--batch", type=_positive_int, default=2, help="micro-batch size per rank (default 2)")
+    p.add_argument("--seq", type=_positive_int, default=128,
+                   help="sequence length; with --sp the global length, split over the SP group (default 128)")
+    p.add_argument("--batch", type=_positive_int, default=2,
+                   help="micro-batch size per rank; with --sp per data-parallel group of SP ranks (default 2)")
     p.add_argument("--grad-accum", type=_positive_int, default=1,
                    help="micro-batches per optimizer step (default 1)")
     p.add_argument("--steps", type=_positive_int, default=10, help="timed steps after warm-up (default 10)")
@@ -114,6 +122,16 @@ def add_cli(sub: argparse._SubParsersAction) -> None:
                         "this command (gloo on the CPU, NCCL on GPUs, one GPU per rank); --batch is per rank, "
                         "the global batch is batch x grad-accum x N; only rank 0 writes --out (default: one "
                         "process, or the ranks of an enclosing torchrun)")
+    p.add_argument("--sp", type=_positive_int, default=1, metavar="K",
+                   help="Ulysses sequence-parallel degree: K consecutive ranks split every sequence (each holds "
+                        "seq/K tokens), N/K data-parallel groups; K must divide --nproc N, the model's attention "
+                        "heads and --seq; systems: superoffload, ulysses (default 1)")
+    p.add_argument("--loss-tile", type=_positive_int, default=None, metavar="T",
+                   help="tiled cross-entropy holding at most T tokens' logits at a time (superoffload.sequence; "
+                        "systems: superoffload, ulysses; default: the plain loss)")
+    p.add_argument("--offload-checkpoints", action="store_true",
+                   help="activation checkpointing with the checkpoints in host memory (implies --checkpointing; "
+                        "systems: superoffload, ulysses)")
     p.add_argument("--bind-cores", action="store_true",
                    help="bind each rank to its own slice of the host's cores (one NUMA node per rank when "
                         "there are enough; else equal slices by LOCAL_RANK) and give the host optimizer the "
@@ -125,7 +143,7 @@ def add_cli(sub: argparse._SubParsersAction) -> None:
 
 def main(args: argparse.Namespace) -> int:
     from superoffload.harness.record import write_record
-    from superoffload.harness.runner import run_benchmark, validate_run
+    from superoffload.harness.runner import check_sequence_system, run_benchmark, validate_run
 
     options = dict(args.option)
     if args.data:
@@ -133,15 +151,24 @@ def main(args: argparse.Namespace) -> int:
     run = RunConfig(system=args.system, model=args.model, seq=args.seq, batch=args.batch,
                     grad_accum=args.grad_accum, steps=args.steps, warmup=args.warmup, dtype=args.dtype,
                     seed=args.seed, lr=args.lr, weight_decay=args.weight_decay, grad_clip=args.grad_clip,
-                    activation_checkpointing=args.checkpointing, threads=args.threads, device=args.device,
-                    peak_flops=args.peak_flops, system_options=options, bind_cores=args.bind_cores)
+                    activation_checkpointing=args.checkpointing or args.offload_checkpoints, threads=args.threads,
+                    device=args.device, peak_flops=args.peak_flops, system_options=options,
+                    bind_cores=args.bind_cores, sp=args.sp, loss_tile=args.loss_tile,
+                    offload_checkpoints=args.offload_checkpoints)
     nproc = getattr(args, "nproc", None)
     launch = nproc is not None and nproc > 1 and "LOCAL_RANK" not in os.environ
     try:
         if nproc is not None:
             check_nproc(run, nproc)
-            if launch:
-                run.world_size = nproc
+        # the ranks this run will have, for the checks below: --nproc, or the enclosing torchrun's
+        if launch:
+            run.world_size = nproc
+        elif "LOCAL_RANK" in os.environ and os.environ.get("WORLD_SIZE", "").isdigit():
+            run.world_size = int(os.environ["WORLD_SIZE"])
+        check_sequence_system(run)
+        if run.sp > 1 and run.world_size == 1:
+            raise ValueError(f"--sp {run.sp} splits each sequence over {run.sp} ranks: add --nproc N with N a "
+                             f"multiple of {run.sp}")
         shape = validate_run(run)
         check_memory(run, shape)
     except ValueError as e:
@@ -175,6 +202,8 @@ def summary_line(rec: dict) -> str:
     head = f"{rec['system']} {rec['model']['name']} seq={rec['run']['seq']} batch={rec['run']['global_batch']}"
     if world > 1:
         head += f" world={world} rank={rec['run'].get('rank', 0)}"
+    if rec["run"].get("sp", 1) > 1:
+        head += f" sp={rec['run']['sp']} (seq/rank={rec['run']['local_seq']})"
     if rec["status"] != "ok":
         return f"{head}: {rec['status'].upper()}: {(rec['error'] or '').splitlines()[0]}"
     tp, tm = rec["throughput"], rec["timing"]
@@ -233,6 +262,12 @@ def child_argv(args: argparse.Namespace) -> list[str]:
         argv += ["--data", args.data, "--data-dtype", args.data_dtype]
     if args.bind_cores:
         argv.append("--bind-cores")
+    if args.sp != 1:
+        argv += ["--sp", str(args.sp)]
+    if args.loss_tile is not None:
+        argv += ["--loss-tile", str(args.loss_tile)]
+    if args.offload_checkpoints:
+        argv.append("--offload-checkpoints")
     for key, value in args.option:
         argv += ["-o", f"{key}={json.dumps(value)}"]
     return argv
@@ -297,8 +332,9 @@ def check_memory(run: RunConfig, shape: ModelShape, host_available: float | None
     import torch
 
     from superoffload.planner.costmodel import Workload, estimate_memory
-    from superoffload.planner.plan import PlanInfeasible, check_feasible
+    from superoffload.planner.plan import PlanInfeasible, check_feasible, positions_for
     from superoffload.planner.presets import get_profile
+    from superoffload.planner.systems import PAPER_ONLY_SYSTEMS as PAPER_ONLY
     from superoffload.planner.systems import SYSTEMS as MODELLED
     from superoffload.planner.systems import Options, system_spec
 
@@ -307,9 +343,16 @@ def check_memory(run: RunConfig, shape: ModelShape, host_available: float | None
     device = host  # CPU-only: the device is the host
     if cuda:
         device = float(torch.cuda.mem_get_info()[0] if device_available is None else device_available)
-    what = f"{run.system} on {shape.name} (seq {run.seq}, batch {run.batch})"
+    what = f"{run.system} on {shape.name} (seq {run.seq}, batch {run.batch}" + \
+        (f", sp {run.sp} of {run.world_size} ranks)" if run.sp > 1 else ")")
     n = shape.total_params()
-    if run.system not in MODELLED:
+    # the long-sequence pieces as the run sets them; the planner's workload is then one rank of the world
+    # (1/sp of each sequence, 1/world of the sharded state); without them, one chip as before
+    long_kw: dict = {}
+    if run.sp > 1 or run.offload_checkpoints or run.loss_tile is not None:
+        long_kw = {"chips": max(1, run.world_size), "sp": run.sp, "offload_checkpoints": run.offload_checkpoints,
+                   "loss_tile": run.loss_tile}
+    if run.system not in (*MODELLED, *PAPER_ONLY):
         _require(what, "host", FP32_TRAINING_BYTES * n, host, "fp32 weights, gradients and Adam state")
         return
     # this machine as a planner profile (only its memory matters here): its free memory and no reserves,
@@ -320,13 +363,15 @@ def check_memory(run: RunConfig, shape: ModelShape, host_available: float | None
     if run.system == "superoffload" and cuda:
         try:
             check_feasible(shape, run.seq, run.batch, hw, activation_checkpointing=bool(run.activation_checkpointing),
-                           grad_accum=run.grad_accum)
+                           grad_accum=run.grad_accum, **({**long_kw, "loss_tile": run.loss_tile or 0}
+                                                         if long_kw else {}))
         except PlanInfeasible as e:
             _require(what, e.memory, e.need_bytes, e.available_bytes, "the planner's estimate, weight flow included")
         return
     opts = Options(precision=run.dtype, grad_clip=run.grad_clip, grad_accum=run.grad_accum)
-    w = Workload(shape, run.seq, run.batch, bool(run.activation_checkpointing), dtype=run.dtype)
-    mem = estimate_memory(w, hw, system_spec(run.system, opts, n), opts)
+    w = Workload(positions_for(shape, run.seq) if long_kw else shape, run.seq, run.batch,
+                 bool(run.activation_checkpointing), dtype=run.dtype, **long_kw)
+    mem = estimate_memory(w, hw, system_spec(run.system, opts, n, world=w.chips), opts)
     on_device = mem.device_total
     if run.dtype == "fp32":
         on_device -= mem.device.get("autocast_bf16_weights", 0.0)  # no autocast copies in fp32 training

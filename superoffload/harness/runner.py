@@ -9,6 +9,12 @@ Several ranks (torchrun; ``bench run --nproc N``): each rank runs this same path
 under the default process group (gloo on CPU, NCCL on CUDA, with a collective timeout so a lost rank
 ends the job). At the end every rank's timing, host-step times, placement and status are gathered to
 rank 0 (``all_gather_object``), whose record carries them (``ranks``) with the aggregate throughput.
+
+Sequence parallelism (``--sp K``, superoffload.harness.sequence): the data is seeded by data-parallel rank
+(``rank // K``), so the K ranks of an SP group draw the same global batch of whole sequences and the system
+trains its chunk of each; ``seq`` is the global length. Tokens/s per device count the tokens a device
+processed (``batch * seq / K`` per micro-batch), the aggregate the global tokens; MFU per device uses the
+model FLOPs per token over the global sequence (6N + causal attention over all ``seq`` tokens).
 """
 
 from __future__ import annotations
@@ -76,7 +82,56 @@ def validate_run(run: RunConfig) -> ModelShape:
     data = run.system_options.get("data")
     if data is not None and not os.path.exists(data):
         raise ValueError(f"data file {data!r} does not exist")
+    validate_sequence(run, shape)
     return shape
+
+
+def validate_sequence(run: RunConfig, shape: ModelShape) -> None:
+    """The long-sequence settings (--sp, --loss-tile, --offload-checkpoints): ValueError saying what to change.
+    ``run.world_size`` must already be the number of ranks (the CLI sets it from --nproc or torchrun)."""
+    from superoffload.sequence import kv_repeat_factor
+
+    check_sequence_system(run)
+    if run.loss_tile is not None and (isinstance(run.loss_tile, bool) or not isinstance(run.loss_tile, int)
+                                      or run.loss_tile < 1):
+        raise ValueError(f"--loss-tile must be a positive number of tokens, got {run.loss_tile!r}")
+    if run.sp == 1:
+        return
+    if run.world_size % run.sp:
+        where = f"{run.world_size} rank" + ("s" if run.world_size > 1 else "")
+        raise ValueError(f"--sp {run.sp} must divide the number of ranks ({where}); run --nproc N with N a "
+                         f"multiple of {run.sp} (N / {run.sp} data-parallel groups)")
+    try:
+        kv_repeat_factor(shape.heads, shape.n_kv_heads, run.sp)
+    except ValueError as e:
+        raise ValueError(f"--sp {run.sp} on {shape.name}: {e}") from None
+    validate_system = getattr(_system_class(run.system), "validate_sequence", None)
+    if callable(validate_system):
+        validate_system(run, shape)
+    if run.seq % run.sp:
+        raise ValueError(f"--seq {run.seq} must be divisible by --sp {run.sp}: every rank of an SP group holds "
+                         f"an equal chunk of each sequence")
+
+
+def check_sequence_system(run: RunConfig) -> None:
+    """--sp / --loss-tile / --offload-checkpoints only for the systems that run the sequence package."""
+    from superoffload.harness.systems import SP_SYSTEMS
+
+    if not isinstance(run.sp, int) or isinstance(run.sp, bool) or run.sp < 1:
+        raise ValueError(f"--sp must be a positive integer, got {run.sp!r}")
+    asked = [flag for flag, on in (("--sp", run.sp > 1), ("--loss-tile", run.loss_tile is not None),
+                                   ("--offload-checkpoints", run.offload_checkpoints)) if on]
+    if asked and run.system not in SP_SYSTEMS:
+        raise ValueError(f"{' and '.join(asked)}: system {run.system!r} does not run the sequence package; "
+                         f"systems that do: {', '.join(sorted(SP_SYSTEMS))}")
+
+
+def _system_class(name: str):
+    module, _, cls_name = SYSTEMS[name].partition(":")
+    try:
+        return getattr(importlib.import_module(module), cls_name)
+    except ImportError:
+        return None
 
 
 def _validate_system(run: RunConfig) -> None:
@@ -84,10 +139,8 @@ def _validate_system(run: RunConfig) -> None:
     may define ``validate(run)`` (a classmethod raising ValueError). The import is cheap by contract
     (heavy libraries are imported in ``setup``); a system that cannot be imported fails later, as a
     record, in create_system."""
-    module, _, cls_name = SYSTEMS[run.system].partition(":")
-    try:
-        cls = getattr(importlib.import_module(module), cls_name)
-    except ImportError:
+    cls = _system_class(run.system)
+    if cls is None:
         return
     validate = getattr(cls, "validate", None)
     if callable(validate):
@@ -138,9 +191,9 @@ def _model_block(shape: ModelShape, params: int) -> dict[str, Any]:
 
 def run_benchmark(run: RunConfig, progress: Callable[[int, int, float], None] | None = None) -> dict[str, Any]:
     """Run one benchmark and return its record (status ok / oom / error). Raises only on bad input."""
-    shape = validate_run(run)
     rank, world = _dist_env()
     run.world_size = world
+    shape = validate_run(run)
     where = _place(run)  # before torch starts its thread pools: they inherit the binding
     if run.threads:
         torch.set_num_threads(run.threads)
@@ -156,8 +209,7 @@ def run_benchmark(run: RunConfig, progress: Callable[[int, int, float], None] | 
     rec: dict[str, Any] = {
         "schema_version": 1, "status": "ok", "error": None, "system": run.system,
         "model": _model_block(shape, shape.total_params()),
-        "run": {**run.to_dict(), "global_batch": run.global_batch, "tokens_per_step": run.tokens_per_step,
-                "rank": rank},
+        "run": {**_run_block(run), "rank": rank},
         "timing": None, "losses": [], "throughput": None, "memory": {}, "telemetry": None,
         "system_stats": None, "rollbacks": None, "plan": None,
         "world_size": world, "placement": where, "ranks": None,
@@ -169,14 +221,15 @@ def run_benchmark(run: RunConfig, progress: Callable[[int, int, float], None] | 
     times: list[float] = []
     losses: list[float | None] = []
     try:
-        model = build_model(shape, seq=run.seq, seed=run.seed,
-                            activation_checkpointing=run.activation_checkpointing)
+        model = build_model(shape, seq=run.seq, seed=run.seed, activation_checkpointing=run.checkpointing_mode)
         rec["model"]["params"] = count_params(model)
         data_path = run.system_options.get("data")
         data_cls = TokenFileData if data_path else SyntheticData
         data_kw = {"path": data_path, "dtype": run.system_options.get("data_dtype", "uint16")} if data_path else {}
+        # the data stream is seeded by the data-parallel rank: every rank of an SP group draws the same global
+        # batch (whole sequences of run.seq tokens), which the system shards along the sequence
         data = data_cls(vocab=shape.vocab, seq=run.seq, batch=run.batch, grad_accum=run.grad_accum,
-                        seed=run.seed, rank=rank, **data_kw)
+                        seed=run.seed, rank=rank // run.sp, **data_kw)
         system = create_system(run.system)
         system.setup(model, shape, run)
         del model
@@ -214,7 +267,7 @@ def run_benchmark(run: RunConfig, progress: Callable[[int, int, float], None] | 
         rec["rollbacks"] = rec["system_stats"].get("speculation")
         rec["plan"] = rec["system_stats"].get("plan")
     timed = times[run.warmup:]
-    tokens_per_rank = run.batch * run.grad_accum * run.seq
+    tokens_per_rank = run.tokens_per_rank  # under --sp: seq / sp tokens of each sequence
     if rec["status"] == "ok" and timed:
         rec["timing"] = {"step_times_s": timed, "warmup_times_s": times[: run.warmup], **summarize(timed)}
     mine = _rank_entry(rec, rank, tokens_per_rank, where)
@@ -225,15 +278,17 @@ def run_benchmark(run: RunConfig, progress: Callable[[int, int, float], None] | 
         peak_flops, source = peak.resolve_peak(device.torch_device, dtype, run.peak_flops)
         # the step ends when the slowest rank's does: per-device numbers use the slowest median
         slowest = max(r["median_step_s"] for r in rec["ranks"])
-        tp = flops.throughput(shape, run.seq, tokens_per_rank, slowest, peak_flops, run.activation_checkpointing)
+        # model FLOPs per token over the global sequence (attention spans the whole sequence), times the
+        # tokens this device processed: under --sp each device does 1/sp of its group's attention
+        checkpointing = bool(run.checkpointing_mode)
+        tp = flops.throughput(shape, run.seq, tokens_per_rank, slowest, peak_flops, checkpointing)
         rec["throughput"] = {
             "tokens_per_s": tp.tokens_per_s, "model_tflops": tp.model_tflops,
             "hardware_tflops": tp.hardware_tflops, "mfu": tp.mfu, "hfu": tp.hfu,
             "aggregate_tokens_per_s": tp.tokens_per_s * world, "aggregate_model_tflops": tp.model_tflops * world,
             "peak_flops": peak_flops, "peak_flops_source": source,
             "model_flops_per_token": flops.model_flops_per_token(shape, run.seq),
-            "hardware_flops_per_token": flops.hardware_flops_per_token(shape, run.seq,
-                                                                       run.activation_checkpointing),
+            "hardware_flops_per_token": flops.hardware_flops_per_token(shape, run.seq, checkpointing),
         }
     record.validate(rec)
     return rec
@@ -295,13 +350,20 @@ def _merge_ranks(rec: dict[str, Any], gathered: list[dict[str, Any]] | str | Non
     rec["timing"]["median_of_ranks_s"] = statistics.median(medians)
 
 
+def _run_block(run: RunConfig) -> dict[str, Any]:
+    """The record's ``run``: the RunConfig plus what follows from it. ``seq`` is the global sequence length
+    (``global_seq``, the same number, says so explicitly); ``local_seq`` is what one rank holds."""
+    return {**run.to_dict(), "global_batch": run.global_batch, "tokens_per_step": run.tokens_per_step,
+            "global_seq": run.seq, "local_seq": run.local_seq, "dp": run.dp}
+
+
 def error_record(run: RunConfig, message: str) -> dict[str, Any]:
     """A schema-valid error record for a run that produced none (e.g. its ranks died under --nproc)."""
     shape = get_shape(run.model)
     rec: dict[str, Any] = {
         "schema_version": 1, "status": "error", "error": message, "system": run.system,
         "model": _model_block(shape, shape.total_params()),
-        "run": {**run.to_dict(), "global_batch": run.global_batch, "tokens_per_step": run.tokens_per_step, "rank": 0},
+        "run": {**_run_block(run), "rank": 0},
         "timing": None, "losses": [], "throughput": None, "memory": {}, "telemetry": None,
         "system_stats": None, "rollbacks": None, "plan": None, "world_size": run.world_size, "ranks": None,
         "provenance": provenance.collect("unknown"),

@@ -21,8 +21,8 @@ class RunConfig:
 
     system: str = "torch"
     model: str = "gpt-tiny"
-    seq: int = 128
-    batch: int = 2  # micro-batch, sequences per step per rank
+    seq: int = 128  # tokens per sequence; under sequence parallelism the global length (the SP group's)
+    batch: int = 2  # micro-batch, sequences per step per rank (per data-parallel group under --sp)
     grad_accum: int = 1
     steps: int = 10  # timed steps (after warm-up)
     warmup: int = 2
@@ -41,16 +41,45 @@ class RunConfig:
     bind_cores: bool = False
     host_threads: int | None = None  # host optimizer threads (default: `threads`; --bind-cores: slice - 1)
     system_options: dict[str, Any] = field(default_factory=dict)  # system-specific knobs
+    # Long sequences (superoffload.sequence; systems in systems.SP_SYSTEMS): Ulysses degree (consecutive
+    # ranks form an SP group, each holding seq / sp tokens of every sequence; world_size / sp data-parallel
+    # groups), the tiled loss (tokens per tile; None: the plain loss), checkpoints held in host memory
+    # (implies activation checkpointing)
+    sp: int = 1
+    loss_tile: int | None = None
+    offload_checkpoints: bool = False
     peak_flops: float | None = None  # override the peak used for MFU/HFU
     telemetry_interval_s: float = 0.1
 
     @property
+    def dp(self) -> int:
+        """Data-parallel groups: every SP group of ``sp`` ranks trains the same sequences."""
+        return max(1, self.world_size // max(1, self.sp))
+
+    @property
     def global_batch(self) -> int:
-        return self.batch * self.grad_accum * self.world_size
+        """Sequences per optimizer step over every rank."""
+        return self.batch * self.grad_accum * self.dp
+
+    @property
+    def local_seq(self) -> int:
+        """Tokens of each sequence one rank holds (seq / sp)."""
+        return self.seq // max(1, self.sp)
 
     @property
     def tokens_per_step(self) -> int:
+        """Tokens per optimizer step over every rank (global sequence length x global batch)."""
         return self.global_batch * self.seq
+
+    @property
+    def tokens_per_rank(self) -> int:
+        """Tokens one rank processes per optimizer step."""
+        return self.batch * self.grad_accum * self.local_seq
+
+    @property
+    def checkpointing_mode(self) -> bool | str:
+        """What ``build_model(activation_checkpointing=)`` gets: "offload" with checkpoints in host memory."""
+        return "offload" if self.offload_checkpoints else bool(self.activation_checkpointing)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

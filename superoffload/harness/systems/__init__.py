@@ -14,12 +14,22 @@ SYSTEMS: dict[str, str] = {
     "zero_infinity": "baselines.zero_infinity:ZeroInfinitySystem",
     "ds_superoffload": "baselines.ds_superoffload:DSSuperOffloadSystem",
     "fsdp_offload": "baselines.fsdp_offload:FSDPOffloadSystem",
+    "ulysses": "baselines.ulysses:UlyssesSystem",
 }
 
 
 # Systems that train on several ranks under torchrun (bench run --nproc): torch as DDP, the DeepSpeed
 # baselines and FSDP2 over the default process group, the engine sharded ZeRO-2 style.
 MULTI_RANK: frozenset[str] = frozenset(SYSTEMS)
+
+
+# Systems that run the sequence package (superoffload.sequence): Ulysses sequence parallelism (--sp), the
+# tiled loss (--loss-tile) and checkpoints in host memory (--offload-checkpoints). The others refuse them.
+SP_SYSTEMS: frozenset[str] = frozenset({"superoffload", "ulysses"})
+
+
+def supports_sequence_parallel(name: str) -> bool:
+    return name in SP_SYSTEMS
 
 
 def supports_multi_rank(name: str) -> bool:

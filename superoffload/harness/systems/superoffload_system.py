@@ -15,6 +15,14 @@ HardwareProfile: a preset name or a `superoffload calibrate` JSON; default: chos
 `cast_policy=device|host` (the paper's casting choice as one switch: `device` = cast on the device and
 move fp32 both ways, `host` = move bf16/fp16 and cast on the host; sets both `grad_cast` and
 `param_cast`, which an explicit `-o grad_cast=`/`param_cast=` still overrides).
+
+Long sequences (``--sp K``, ``--loss-tile T``, ``--offload-checkpoints``; superoffload.harness.sequence):
+the model gets Ulysses attention over its SP group of K consecutive ranks and the token-normalized loss
+(each rank's token-loss sum over the global token count of the micro-batch, every data-parallel group
+included; tiled with ``--loss-tile``), the engine sums gradients over all ranks (``gradient_reduction:
+sum``, the recipe of the multi-rank engine tests' ``sp`` scenario), each rank feeds its chunk of its SP
+group's global batch, and a step reports the global mean loss (the ranks' shares summed). The plan is made
+for the same pieces (``make_plan(..., sp=K, offload_checkpoints=, loss_tile=)``).
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from typing import Any
 import torch
 
 from superoffload.engine import ConfigError, SuperOffloadConfig, initialize
+from superoffload.harness import sequence as seqh
 from superoffload.harness.system import Batch, RunConfig
 from superoffload.options import CastSide, choices_of
 from superoffload.shapes import ModelShape
@@ -51,8 +60,15 @@ def plan_for(shape: ModelShape, run: RunConfig):
     from superoffload.planner.presets import get_profile
 
     hw = get_profile(run.system_options.get("hardware") or hardware_for_device(run.device))
-    return make_plan(shape, run.seq, run.batch, hw, activation_checkpointing=run.activation_checkpointing,
-                     grad_accum=run.grad_accum, chips=max(1, run.world_size))
+    # the plan is made for what runs: the run's SP degree always (so a data-parallel run is never planned as
+    # a sequence-parallel one); checkpoint offload and the loss tile as the run sets them when it uses the
+    # sequence package, else left to the planner as before
+    seq_kw: dict[str, Any] = {"sp": run.sp}
+    if seqh.uses_sequence_package(run) or run.offload_checkpoints:
+        seq_kw.update(offload_checkpoints=run.offload_checkpoints, loss_tile=run.loss_tile or 0)
+    return make_plan(shape, run.seq, run.batch, hw,
+                     activation_checkpointing=bool(run.activation_checkpointing or run.offload_checkpoints),
+                     grad_accum=run.grad_accum, chips=max(1, run.world_size), **seq_kw)
 
 
 def _cast_policy(run: RunConfig) -> dict[str, str]:
@@ -72,11 +88,16 @@ def engine_config(run: RunConfig, plan=None) -> SuperOffloadConfig:
     ConfigError."""
     explicit = {k: v for k, v in run.system_options.items() if k not in HARNESS_ONLY_OPTIONS}
     planned: dict[str, Any] = plan.engine_options(precision=run.dtype) if plan is not None else {}
+    # the token-normalized loss is already divided by the global token count: gradients are only summed
+    reduction = {"gradient_reduction": "sum"} if seqh.uses_sequence_package(run) else {}
+    if reduction and explicit.get("gradient_reduction", "sum") != "sum":
+        raise ConfigError("--sp / --loss-tile divide each rank's loss by the global token count: gradients "
+                          "must be summed (gradient_reduction sum), not averaged")
     return SuperOffloadConfig.from_any({
         "optimizer": {"lr": run.lr, "betas": list(run.betas), "eps": run.eps, "weight_decay": run.weight_decay},
         "precision": run.dtype, "grad_clip": run.grad_clip, "grad_accum": run.grad_accum,
         "device": run.device, "host_threads": run.host_threads if run.host_threads is not None else run.threads,
-        **planned, **_cast_policy(run), **explicit,
+        **reduction, **planned, **_cast_policy(run), **explicit,
     })
 
 
@@ -92,26 +113,57 @@ class SuperOffloadSystem:
 
     def setup(self, model: torch.nn.Module, shape: ModelShape, run: RunConfig) -> None:
         self.plan = plan_for(shape, run)
+        self.seq = None
+        self.sp_ranks: list[int] = []
+        if seqh.uses_sequence_package(run):
+            from superoffload.sequence import enable_sequence_parallel
+
+            group, self.sp_ranks = seqh.sp_groups(run.sp)
+            self.seq = enable_sequence_parallel(model, group, loss_tile=run.loss_tile,
+                                                global_tokens=seqh.tokens_per_micro_batch(run))
         self.engine = initialize(model, engine_config(run, self.plan))
         self.device = self.engine.device.torch_device
+        self.offloader = getattr(model, "activation_offloader", None)
 
     def step(self, batch: Batch) -> torch.Tensor:
         total = torch.zeros((), device=self.device)
         n = len(batch.inputs)
         for x, y in zip(batch.inputs, batch.targets, strict=True):
+            if self.seq is not None:  # this rank's chunk of every sequence of its SP group's global batch
+                x, y = self.seq.shard(x), self.seq.shard(y)
             loss = self.engine(x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True))
             self.engine.backward(loss)
             total += loss.detach() / n
         # no synchronize here: host commits and uploads overlap the next step's forward, exactly as in
         # training; the runner's per-step clock sees the steady-state period
         self.engine.step()
+        if self.seq is not None:  # each rank's loss is its share of the global mean: sum the shares
+            return seqh.global_loss(total)
         return total
 
     def stats(self) -> dict[str, Any]:
         self.engine.synchronize()
         st = self.engine.stats
         st["plan"] = self.plan.to_dict() if self.plan is not None else None
+        if self.seq is not None or self.offloader is not None:
+            st["sequence"] = {
+                "sp": self.seq.sp if self.seq is not None else 1, "sp_group_ranks": self.sp_ranks,
+                "attention": "superoffload.sequence.UlyssesAttention" if self.seq is not None and self.seq.sp > 1
+                else "local", "loss": "TokenNormalizedLoss" if self.seq is not None else "model default",
+                "loss_tile": self.seq.loss.tile if self.seq is not None else None,
+                "loss_divisor_tokens": self.seq.loss.global_tokens if self.seq is not None else None,
+                "offloaded_checkpoints": offload_stats(self.offloader),
+            }
         return st
 
     def teardown(self) -> None:
         self.engine.close()
+
+
+def offload_stats(offloader: Any) -> dict[str, Any] | None:
+    """The ActivationOffloader's counters (host bytes of the checkpoints, prefetches), or None."""
+    if offloader is None:
+        return None
+    st = offloader.stats()
+    return {"host_bytes": st.host_bytes, "peak_host_bytes": st.peak_host_bytes, "offloaded": st.offloaded,
+            "prefetched": st.prefetched, "fetched_on_demand": st.fetched_on_demand}
