@@ -1,4 +1,4 @@
-# SuperOffload benchmark workflow (Snakemake 9). Targets: all (default), figures, ablation, nightly,
+# SuperOffload benchmark workflow (Snakemake 9). Targets: all (default), figures, seqlen, ablation, nightly,
 # calibrate, report, convergence. See docs/workflow.md.
 from snakemake.utils import min_version
 
@@ -20,6 +20,7 @@ include: "workflows/rules/ablation.smk"
 include: "workflows/rules/report.smk"
 include: "workflows/rules/nightly.smk"
 include: "workflows/rules/convergence.smk"
+include: "workflows/rules/seqlen.smk"
 
 
 # Aggregation, predictions and rendering never go to a cluster scheduler.
@@ -39,6 +40,7 @@ localrules:
     render_report,
     nightly_compare,
     convergence,
+    seqlen,
 
 
 rule all:
@@ -46,11 +48,18 @@ rule all:
     input:
         REPORT_HTML,
         PROVENANCE_FILES,
+        SEQLEN_FIGURE,
 
 
 rule figures:
     input:
         FIGURES_DIR,
+
+
+rule seqlen:
+    input:
+        SEQLEN_RECORDS,
+        SEQLEN_FIGURE,
 
 
 rule ablation:

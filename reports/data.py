@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from statistics import median
 from typing import Any
@@ -28,15 +29,20 @@ def is_record(obj: Any) -> bool:
     return isinstance(obj, dict) and obj.get("schema_version") == 1 and "system" in obj and "status" in obj
 
 
+RECORD_NAME = re.compile(r"^(?P<model>.+?)_s(?P<seq>\d+)_b(?P<batch>\d+)(?:_sp(?P<sp>\d+))?$")
+
+
 def _bad_record(path: Path, problem: str) -> dict[str, Any]:
-    """A stand-in for a file that is not a readable run record: it shows up as an error row."""
-    parts = path.stem.split("_s")
+    """A stand-in for a file that is not a readable run record: it shows up as an error row, with the model,
+    sequence, batch and SP degree its name says (``<model>_s<seq>_b<batch>[_sp<K>].json``)."""
+    m = RECORD_NAME.match(path.stem)
+    run = {"seq": int(m["seq"]), "batch": int(m["batch"]), "sp": int(m["sp"] or 1)} if m else {}
     return {
         "schema_version": 1,
         "status": "error",
         "system": path.parent.name,
-        "model": {"name": parts[0], "params": 0},
-        "run": {},
+        "model": {"name": m["model"] if m else path.stem.split("_s")[0], "params": 0},
+        "run": run,
         "error": f"{path.name}: {problem}",
         "_path": str(path),
     }
@@ -138,15 +144,30 @@ def first_line(s: Any, limit: int = 160) -> str:
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
+def sp_of(rec: dict[str, Any]) -> int:
+    """Ulysses degree of a record: ``run.sp`` (a record without it ran with 1); a stand-in for a broken file
+    named ``..._sp<K>.json`` takes K from the name."""
+    sp = (rec.get("run") or {}).get("sp")
+    if isinstance(sp, int) and not isinstance(sp, bool) and sp >= 1:
+        return sp
+    stem = Path(rec.get("_path", "")).stem
+    tail = stem.rsplit("_sp", 1)[-1] if "_sp" in stem else ""
+    return int(tail) if tail.isdigit() and int(tail) >= 1 else 1
+
+
 def record_row(rec: dict[str, Any]) -> dict[str, Any]:
-    """One summary-table row; numbers are None where the record has none (oom / error)."""
+    """One summary-table row; numbers are None where the record has none (oom / error). ``seq`` is the global
+    sequence length; under sequence parallelism (``sp`` > 1) each rank held ``seq / sp`` tokens of it."""
     run = rec.get("run") or {}
     tel = rec.get("telemetry") or {}
+    sp = sp_of(rec)
     return {
         "system": rec.get("system", "?"),
         "model": _get(rec, "model", "name") or "?",
         "params": num(_get(rec, "model", "params")),
         "seq": run.get("seq"),
+        "sp": sp,
+        "local_seq": run.get("local_seq", run["seq"] // sp if isinstance(run.get("seq"), int) else None),
         "batch": run.get("global_batch", run.get("batch")),
         "dtype": run.get("dtype"),
         "status": rec.get("status", "error") if rec.get("status") in STATUSES else "error",
@@ -190,7 +211,8 @@ def multi_rank_rows(records: list[dict[str, Any]], single: list[dict[str, Any]])
         run = rec.get("run") or {}
         world = world_of(rec)
         per_rank_batch = run.get("batch")
-        one = base.get((row["system"], row["model"], row["seq"], per_rank_batch))
+        # a sequence-parallel run shares each sequence between ranks: no one-rank run is its data-parallel unit
+        one = base.get((row["system"], row["model"], row["seq"], per_rank_batch)) if row["sp"] == 1 else None
         agg = num(_get(rec, "throughput", "aggregate_tokens_per_s"))
         ranks = rec.get("ranks") if isinstance(rec.get("ranks"), list) else []
         row.update(
@@ -205,7 +227,64 @@ def multi_rank_rows(records: list[dict[str, Any]], single: list[dict[str, Any]])
                     "host_worker_busy_s": num(r.get("host_worker_busy_s"))} for r in ranks if isinstance(r, dict)],
         )
         rows.append(row)
-    return sorted(rows, key=lambda r: (r["world"], *sort_key(r)))
+    return sorted(rows, key=lambda r: (r["world"], r["sp"], *sort_key(r)))
+
+
+# --- long sequences (the paper's Fig 12; `snakemake seqlen`) -----------------------------------------------
+FIG12_PAPER = {"model": "gpt-13b", "seq": 1048576, "chips": 8, "mfu": 0.55, "status": "V",
+               "label": "paper: 55% MFU, 13B at 1M tokens on 8 GH200 [V] (abstract, arXiv 2509.21271)"}
+
+
+def fig12_predictions(paper_comparison: dict[str, Any]) -> list[dict[str, Any]]:
+    """The cost model's Fig 12 points (paper_comparison rows ``fig12`` / ``mfu`` per model, sequence, system
+    and chip count): {system, model, seq, chips, mfu (None = OOM), note}."""
+    rows = (paper_comparison.get("data") or {}).get("rows") or [] if paper_comparison.get("status") == "ok" else []
+    out = []
+    for r in rows:
+        if not isinstance(r, dict) or r.get("figure") != "fig12" or r.get("metric") != "mfu":
+            continue
+        parts = str(r.get("point", "")).split()
+        if len(parts) != 4 or parts[1] != "seq" or not parts[2].isdigit():
+            continue
+        chips = r.get("chips") if isinstance(r.get("chips"), int) else 1
+        out.append({"system": parts[3], "model": parts[0], "seq": int(parts[2]), "chips": chips,
+                    "mfu": num(r.get("predicted")), "note": r.get("note", ""), "paper": num(r.get("paper"))})
+    # one row per point (the 1M / 8-chip point also has the paper's labelled row: same prediction)
+    seen: dict[tuple, dict[str, Any]] = {}
+    for row in out:
+        seen.setdefault((row["system"], row["model"], row["seq"], row["chips"]), row)
+    return list(seen.values())
+
+
+def seqlen_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every sequence-parallel point of the sweep: measured (its record under runs_w<N>/, any status) or
+    predicted (a point needing more chips than available, with the cost model's Fig 12 MFU where the point is
+    one of Fig 12's; "OOM" when predicted not to fit; "no prediction" otherwise)."""
+    rows: list[dict[str, Any]] = []
+    for rec in results.get("multi_runs", []):
+        row = record_row(rec)
+        if row["sp"] == 1:
+            continue
+        world = world_of(rec)
+        rows.append({**row, "chips": world, "kind": "measured",
+                     "aggregate_tokens_per_s": num(_get(rec, "throughput", "aggregate_tokens_per_s")),
+                     "note": row["error"]})
+    pred = {(p["system"], p["model"], p["seq"], p["chips"]): p
+            for p in fig12_predictions(results.get("paper_comparison") or {})}
+    for point in (results.get("sweep") or {}).get("predicted_runs") or []:
+        if not isinstance(point, dict) or (point.get("sp") or 1) == 1:
+            continue
+        p = pred.get((point.get("system"), point.get("model"), point.get("seq"), point.get("chips")))
+        status = "predicted" if p and p["mfu"] is not None else ("oom" if p else "missing")
+        rows.append({"system": point.get("system"), "model": point.get("model"), "seq": point.get("seq"),
+                     "sp": point.get("sp"), "local_seq": (point.get("seq") or 0) // (point.get("sp") or 1),
+                     "chips": point.get("chips"), "batch": point.get("batch"), "kind": "predicted",
+                     "status": status, "mfu": p["mfu"] if p else None, "tokens_per_s": None,
+                     "aggregate_tokens_per_s": None, "step_median_s": None,
+                     "note": ("OOM (predicted)" if status == "oom" else p["note"]) if p
+                     else "no prediction: not a Fig 12 point"})
+    return sorted(rows, key=lambda r: (r["model"] or "", r["chips"] or 0, r["system"] or "", r["seq"] or 0,
+                                       r["kind"]))
 
 
 def _cores(cores: Any) -> str:

@@ -152,6 +152,13 @@ def measured_for(pred: dict, rows: list[dict], multi: list[dict] | None = None) 
             and r["tflops"] is not None
         ]
         return vals[0] if vals else None
+    if pred.get("figure") == "fig12" and metric == "mfu":  # sequence-parallel records of that point
+        parts = point.split()
+        if len(parts) == 4 and parts[1] == "seq" and parts[2].isdigit():
+            vals = [r["mfu"] for r in multi or [] if r.get("sp", 1) > 1 and r["world"] == chips and r["mfu"] is not None
+                    and (r["model"], r["seq"], r["system"]) == (parts[0], int(parts[2]), parts[3])]
+            return vals[0] if vals else None
+        return None
     if pred.get("figure") == "fig13" and metric == "largest_model_B":
         system = point.split(" ")[-1]
         sizes = [F.params_of(r["model"]) for r in rows if r["system"] == system and r["status"] == "ok"]
@@ -221,6 +228,11 @@ def build_context(results: dict, figure_files: dict[str, Path]) -> dict[str, Any
             "predicted": [p for p in sweep.get("predicted_runs") or [] if isinstance(p, dict)],
             "chips_available": sweep.get("chips_available"),
             "chips_reason": sweep.get("chips_reason") or "",
+        },
+        "seqlen": {
+            "rows": D.seqlen_rows(results),
+            "counts": D.status_counts([r for r in results.get("multi_runs", []) if D.sp_of(r) > 1]),
+            "paper": D.FIG12_PAPER,
         },
         "ablation": _ablation_table(results),
         "ablation_counts": D.status_counts(results["ablation"]),

@@ -2,6 +2,7 @@
 
 - ``sweep``: run records and the cost model's GH200 predictions (throughput, MFU, largest model,
   predicted / paper);
+- ``seqlen``: long sequences with Ulysses SP (Fig 12): measured sequence-parallel records and predictions;
 - ``ablation``: the ablation runs;
 - ``microbench``: the `bench adam` and `bench cast` files and the link curves;
 - ``telemetry``: utilization timelines and rollback counters of the records;
@@ -28,6 +29,7 @@ from reports.figures.common import RC, empty, new_fig, params_of, plt
 from reports.figures.convergence import caption as convergence_caption
 from reports.figures.convergence import convergence
 from reports.figures.microbench import adam_points, adam_rows, cast, cast_series, graceadam, link_bandwidth
+from reports.figures.seqlen import seqlen
 from reports.figures.sweep import largest_model, mfu_vs_seq, paper_comparison, scaling, throughput_vs_size
 from reports.figures.telemetry import gpu_timeline, rollbacks
 
@@ -40,7 +42,13 @@ FIGURES: dict[str, tuple[Callable[[dict], plt.Figure], str]] = {
         "Throughput (model TFLOPS per device) vs model size per "
         "system; measured lines, cost-model predictions for one GH200 dashed (Fig 10).",
     ),
-    "mfu_vs_seq": (mfu_vs_seq, "MFU vs sequence length (model FLOPs, no recompute)."),
+    "mfu_vs_seq": (mfu_vs_seq, "MFU vs sequence length on one device (model FLOPs, no recompute)."),
+    "seqlen": (
+        seqlen,
+        "Long sequences (Fig 12): MFU per device vs global sequence length with Ulysses sequence parallelism, per "
+        "system and chip count; left measured here, right the cost model's GH200 predictions (dashed, OOM "
+        "marked) with the paper's 55% at 1M tokens on 8 chips as the labelled reference.",
+    ),
     "largest_model": (
         largest_model,
         "Largest trainable model per system: measured, predicted, paper (Fig 13); right: against the chip count.",

@@ -20,8 +20,9 @@ RC = {
     "figure.dpi": 100,
     "path.simplify": False,
 }
-SYSTEM_ORDER = ["torch", "superoffload", "zero_offload", "zero_infinity", "ds_superoffload", "fsdp_offload"]
-COLORS = dict(zip(SYSTEM_ORDER, ["#555555", "#d62728", "#1f77b4", "#2ca02c", "#ff7f0e", "#9467bd"], strict=True))
+SYSTEM_ORDER = ["torch", "superoffload", "zero_offload", "zero_infinity", "ds_superoffload", "fsdp_offload", "ulysses"]
+COLORS = dict(zip(SYSTEM_ORDER, ["#555555", "#d62728", "#1f77b4", "#2ca02c", "#ff7f0e", "#9467bd", "#17becf"],
+                  strict=True))
 STYLE = {
     "measured": dict(marker="o", linestyle="-"),
     "predicted": dict(marker="s", linestyle="--"),
@@ -39,8 +40,12 @@ def system_color(system: str) -> str:
     return COLORS.get(system, "#8c564b")
 
 
+def sys_key(system: str) -> tuple[int, str]:
+    return (SYSTEM_ORDER.index(system) if system in SYSTEM_ORDER else 99, system)
+
+
 def sys_sorted(systems) -> list[str]:
-    return sorted(systems, key=lambda s: (SYSTEM_ORDER.index(s) if s in SYSTEM_ORDER else 99, s))
+    return sorted(systems, key=sys_key)
 
 
 def empty(ax, text: str) -> None:

@@ -256,7 +256,8 @@ def scaling(results: dict) -> plt.Figure:
     16 chips seq 2048, 1 per chip)."""
     fig, (ax, axp) = new_fig(2, width=10.0, height=3.8)
     rows = D.multi_rank_rows(results.get("multi_runs", []), results["runs"])
-    ok = [r for r in rows if r["status"] == "ok" and r["tokens_per_s"]]
+    # data parallelism only: sequence-parallel runs (sp > 1) are the seqlen figure's
+    ok = [r for r in rows if r["status"] == "ok" and r["tokens_per_s"] and r["sp"] == 1]
     if ok:
         labels = []
         for x, r in enumerate(ok):

@@ -50,7 +50,13 @@ def test_snakemake_all_smoke(results_dir):
         for r in multi:
             assert r["status"] == "ok", r["error"]
             assert r["world_size"] == 2 and [k["rank"] for k in r["ranks"]] == [0, 1]
-        assert "Several ranks (2 ok" in html
+        assert "Several ranks (3 ok" in html  # torch and superoffload data-parallel, superoffload SP=2
+        # the smoke sweep's sequence-parallel point (superoffload; ulysses is filtered out here)
+        (sp,) = [r for r in multi if D.sp_of(r) == 2]
+        assert sp["system"] == "superoffload" and sp["run"]["local_seq"] == sp["run"]["seq"] // 2
+        assert sp["system_stats"]["sequence"]["loss_tile"] == 64 and sp["run"]["offload_checkpoints"] is True
+        assert "Long sequences: Ulysses sequence parallelism (1 ok" in html
+        assert (res / "seqlen/seqlen.svg").stat().st_size > 0
     prov = json.loads((res / "provenance/provenance.json").read_text())
     assert "git_commit" in prov and (res / "provenance/pip_freeze.txt").stat().st_size > 0
     assert len(list((res / "figures").glob("*.svg"))) >= 8

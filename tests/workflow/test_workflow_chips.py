@@ -49,7 +49,7 @@ def test_gh200_sweep_measures_only_the_chips_it_has(results_dir):
     four = snakemake(*base, "chips_available=4")  # a 4-GH200 node: the 4-chip points run, 16 predicted
     n4 = _jobs(four.stdout, "bench_run_multi")
     assert n4 > 0 and "runs_w16" not in four.stdout
-    cmds = [ln for ln in four.stdout.splitlines() if "runs_w4" in ln and "guard.py" in ln]
+    cmds = [ln for ln in four.stdout.splitlines() if "runs_w4" in ln and "guard.py" in ln and "_sp4.json" not in ln]
     assert len(cmds) == n4 and all("--nproc 4" in c and "--bind-cores" in c for c in cmds)
     assert all("numactl" not in c for c in cmds)  # each rank binds itself; the sweep launcher would pin all to node 0
     # the artifact's per-count settings: 4 chips seq 1024 micro-batch 4, 16 chips seq 2048 micro-batch 1

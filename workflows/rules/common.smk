@@ -103,8 +103,21 @@ def print_selection():
 
 
 # --- the run matrix -----------------------------------------------------------------------------------
+def sp_degrees(m, chips):
+    """A matrix's Ulysses degrees on `chips` chips: `sp: chips` (SP = the chip count, the paper's Fig 12) or a
+    list of degrees, each of which must divide the chip count."""
+    sp = m.get("sp", [1])
+    if sp == "chips":
+        return [chips]
+    bad = [k for k in sp if chips % k]
+    if bad:
+        raise ValueError(f"config: matrix {m['name']!r}: sp {bad} must divide its chip count {chips}")
+    return list(sp)
+
+
 def sweep_runs():
-    """Unique (system, model, seq, batch, chips) dicts over the sweep's matrices, in config order."""
+    """Unique (system, model, seq, batch, chips, sp) dicts over the sweep's matrices, in config order; a point
+    with sp > 1 also carries its matrix's long-sequence flags (offload_checkpoints, the system's loss tile)."""
     seen, runs = set(), []
     for m in SW["matrices"]:
         for system in m["systems"]:
@@ -116,11 +129,20 @@ def sweep_runs():
                 for seq in m["seq"]:
                     for batch in m["batch"]:
                         for chips in m.get("chips") or [1]:
-                            key = (system, model, seq, batch, chips)
-                            if key not in seen:
+                            for sp in sp_degrees(m, chips):
+                                key = (system, model, seq, batch, chips, sp)
+                                if key in seen:
+                                    continue
                                 seen.add(key)
-                                runs.append({"system": system, "model": model, "seq": seq, "batch": batch,
-                                             "chips": chips, "matrix": m["name"]})
+                                run = {"system": system, "model": model, "seq": seq, "batch": batch,
+                                       "chips": chips, "matrix": m["name"]}
+                                if sp > 1:
+                                    run.update(sp=sp, offload_checkpoints=bool(m.get("offload_checkpoints")),
+                                               loss_tile=(m.get("loss_tile") or {}).get(system),
+                                               steps=config["steps_override"] or m.get("steps") or STEPS,
+                                               warmup=WARMUP if config["warmup_override"] is not None
+                                               or m.get("warmup") is None else m["warmup"])
+                                runs.append(run)
     return runs
 
 
@@ -138,7 +160,7 @@ def detect_chips():
 
 
 ALL_RUNS = sweep_runs()
-RUNS = [r for r in ALL_RUNS if r["chips"] == 1]
+RUNS = [r for r in ALL_RUNS if r["chips"] == 1]  # sp divides chips: one-chip points have sp 1
 RUN_RECORDS = [f"{RES}/runs/{r['system']}/{r['model']}_s{r['seq']}_b{r['batch']}.json" for r in RUNS]
 # Several chips: measured (one job running every rank) when the machine, or the cluster of the slurm
 # profile, has that many; otherwise the point is predicted by the cost model (paper_comparison), exactly
@@ -150,10 +172,16 @@ PREDICTED_RUNS = [r for r in ALL_RUNS if r["chips"] > CHIPS_AVAILABLE]
 
 
 def multi_record(r):
-    return f"{RES}/runs_w{r['chips']}/{r['system']}/{r['model']}_s{r['seq']}_b{r['batch']}.json"
+    """runs_w<chips>/<system>/<model>_s<seq>_b<batch>.json; a sequence-parallel point ends in _sp<K>."""
+    sp = f"_sp{r['sp']}" if r.get("sp", 1) > 1 else ""
+    return f"{RES}/runs_w{r['chips']}/{r['system']}/{r['model']}_s{r['seq']}_b{r['batch']}{sp}.json"
 
 
 MULTI_RECORDS = [multi_record(r) for r in MULTI_RUNS]
+# Long sequences (`snakemake seqlen`): the sequence-parallel points, measured (their records) or predicted
+SEQLEN_RUNS = [r for r in ALL_RUNS if r.get("sp", 1) > 1]
+SEQLEN_RECORDS = [multi_record(r) for r in MULTI_RUNS if r.get("sp", 1) > 1]
+SEQLEN_BY_PATH = {multi_record(r): r for r in MULTI_RUNS if r.get("sp", 1) > 1}
 # the sweep's distinct (model, seq, batch), for calibrate --workloads
 WORKLOADS = ",".join(dict.fromkeys(f"{r['model']}:{r['seq']}:{r['batch']}" for r in RUNS))
 
@@ -179,12 +207,26 @@ def bench_cmd(system, model, seq, batch, steps, warmup, options, threads=None, d
     return cmd + option_args(options)
 
 
-def multi_cmd(system, model, seq, batch, chips, out):
+def sequence_args(point):
+    """bench run flags of a sequence-parallel point: --sp and its matrix's --offload-checkpoints / --loss-tile."""
+    if not point or point.get("sp", 1) <= 1:
+        return []
+    args = ["--sp", str(point["sp"])]
+    if point.get("offload_checkpoints"):
+        args.append("--offload-checkpoints")
+    if point.get("loss_tile"):
+        args += ["--loss-tile", str(point["loss_tile"])]
+    return args
+
+
+def multi_cmd(system, model, seq, batch, chips, out, point=None):
     """A run on `chips` ranks: `bench run --nproc` on this host, or (slurm profile, multinode.enabled)
     workflows/scripts/launch_ranks.py, which runs srun + torchrun over the job's nodes when the ranks need
-    more than one node. Every rank is bound to its own cores (--bind-cores)."""
-    args = bench_cmd(system, model, seq, batch, STEPS, WARMUP, SW.get("system_options", {}).get(system, {}),
-                     threads=SW["threads"])[len(CLI):] + ["--bind-cores", "--out", out]
+    more than one node. Every rank is bound to its own cores (--bind-cores). `point`: a sequence-parallel
+    point of the run list (its --sp and long-sequence flags)."""
+    steps, warmup = (point or {}).get("steps", STEPS), (point or {}).get("warmup", WARMUP)
+    args = bench_cmd(system, model, seq, batch, steps, warmup, SW.get("system_options", {}).get(system, {}),
+                     threads=SW["threads"])[len(CLI):] + sequence_args(point) + ["--bind-cores", "--out", out]
     if MULTINODE["enabled"]:
         return [PY, str(SCRIPTS / "launch_ranks.py"), "--chips", str(chips), "--gpus-per-node",
                 str(MULTINODE["gpus_per_node"]), "--port", str(MULTINODE["port"]), "--", *args]
@@ -273,5 +315,6 @@ wildcard_constraints:
     batch="[0-9]+",
     variant="(cum|loo|alt)[a-z0-9_.\\-]*",
     world="[0-9]+",
+    sp="[0-9]+",
     case="[a-z0-9_.\\-]+",
     rep="[0-9]+",

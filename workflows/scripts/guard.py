@@ -94,8 +94,9 @@ def error_record(a: argparse.Namespace, message: str) -> dict:
         "run": {
             "seq": a.seq or 1,
             "batch": a.batch or 1,
-            "global_batch": (a.batch or 1) * (a.world_size or 1),
+            "global_batch": (a.batch or 1) * max(1, (a.world_size or 1) // (a.sp or 1)),
             "world_size": a.world_size or 1,
+            "sp": a.sp or 1,
             "dtype": a.dtype or "fp32",
             "steps": a.steps or 1,
             "warmup": a.warmup or 0,
@@ -143,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--what", default="result")
     for k in ("system", "model", "dtype"):
         p.add_argument(f"--{k}")
-    for k in ("seq", "batch", "steps", "warmup", "world-size"):
+    for k in ("seq", "batch", "steps", "warmup", "world-size", "sp"):
         p.add_argument(f"--{k}", type=int)
     a = p.parse_args(argv[:i])
     cmd = argv[i + 1 :]
