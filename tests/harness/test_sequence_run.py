@@ -183,3 +183,27 @@ def test_schema_sp_fields(tmp_path: Path) -> None:
         bad["run"][key] = value
         with pytest.raises(jsonschema.ValidationError):
             record.validate(bad)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("system", ["superoffload", "ulysses"])
+def test_dp2_sp2_matches_dp2(system: str, tmp_path: Path) -> None:
+    """Four ranks, two data-parallel groups of SP 2 (an enclosing torchrun: four gloo ranks on this 2-core
+    machine, past --nproc's core check) against two data-parallel ranks of SP 1 on the same global batch (the
+    data is seeded by data-parallel rank in both). A loss tile larger than the tokens makes both runs use the
+    token-normalized loss and report the global mean, with one tile (the plain loss's arithmetic)."""
+    if system == "ulysses":
+        pytest.importorskip("deepspeed")
+    args = ["--system", system, *ARGS, "--batch", "1", "--loss-tile", "4096"]
+    dp2 = tmp_path / "dp2.json"
+    p = bench(*args, "--nproc", "2", "--out", str(dp2))
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    dp2sp2 = tmp_path / "dp2sp2.json"
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "4",
+                        "-m", "superoffload", "bench", "run", *args, "--sp", "2", "--out", str(dp2sp2)],
+                       env={**_env(), "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=400)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    one, two = record.read_result(dp2, "run"), record.read_result(dp2sp2, "run")
+    assert (two["run"]["dp"], two["run"]["global_batch"], two["world_size"]) == (2, 2, 4)
+    assert one["run"]["global_batch"] == 2
+    check_same_losses(one, two)
