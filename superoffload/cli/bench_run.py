@@ -362,9 +362,10 @@ def check_memory(run: RunConfig, shape: ModelShape, host_available: float | None
                              device_reserve_bytes=0, host_reserve_bytes=0)
     if run.system == "superoffload" and cuda:
         try:
+            # the pieces exactly as the run sets them: the check may not count on one the run will not use
             check_feasible(shape, run.seq, run.batch, hw, activation_checkpointing=bool(run.activation_checkpointing),
-                           grad_accum=run.grad_accum, **({**long_kw, "loss_tile": run.loss_tile or 0}
-                                                         if long_kw else {}))
+                           grad_accum=run.grad_accum, **({**long_kw, "loss_tile": run.loss_tile or 0} if long_kw
+                                                         else {"sp": 1, "offload_checkpoints": False, "loss_tile": 0}))
         except PlanInfeasible as e:
             _require(what, e.memory, e.need_bytes, e.available_bytes, "the planner's estimate, weight flow included")
         return

@@ -48,15 +48,16 @@ FIG11_SYSTEMS = ["torch", "fsdp_offload", "zero_offload", "zero_infinity", "ds_s
 # --max-position-embeddings = the sequence length (learned positions: the table grows with it), Ulysses
 # --ds-sequence-parallel-size = the chip count (4 on 2 nodes x 2 GPUs, 8 on 4 nodes x 2), micro-batch 1,
 # global batch 1, ZeRO-3, activation checkpointing; modes prism-ulysses (SuperOffload) and ulysses
-# (ulysses.json: ZeRO-3, no offload). Checkpoints in host memory for both modes as issue 17 describes the
-# artifact (--checkpoint-in-cpu; the stored script versions read do not show the flag). SuperOffload's loss is
-# tiled where its plan needs it (our sequence package); the Ulysses baseline keeps the plain loss (Megatron's).
+# (ulysses.json: ZeRO-3, no offload). Checkpoints in host memory for both modes: a third-party summary of the
+# artifact lists Megatron's --checkpoint-in-cpu for these runs [S]; the stored script versions read do not show it.
+# SuperOffload's loss is tiled where its plan needs it (our sequence package); the Ulysses baseline keeps the
+# plain loss (Megatron's).
 FIG12_MODEL = "gpt-13b"
 FIG12_LAYOUT = {4: 2, 8: 2}  # chips (= SP degree) -> ranks per node
 FIG12_SEQS = tuple(8192 * 2**i for i in range(8))  # 8K ... 1M tokens
 FIG12_SYSTEMS = ("ulysses", "superoffload")
 FIG12_PAPER_MFU = 0.55  # abstract: "13B model with sequence lengths up to 1 million tokens on 8 GH200 ... 55% MFU" [V]
-FIG12_PAPER_LONGER = 8.0  # "8x longer than Ulysses" (issue 17's account of the paper; not in the sources read) [S]
+FIG12_PAPER_LONGER = 8.0  # "up to 8x longer than Ulysses": third-party summary (docs/paper_numbers.md) [S]
 
 
 def _shape(label: str) -> ModelShape:
@@ -316,7 +317,7 @@ def fig12_rows(hw: HardwareProfile) -> list[dict[str, Any]]:
             a, b = longest["superoffload"], longest["ulysses"]
             rows.append(_row("fig12", "8 chips, longest sequence", "superoffload/ulysses",
                              None if not (a and b) else round(a / b, 2), FIG12_PAPER_LONGER, "S",
-                             "'8x longer than Ulysses' (issue 17's account of the paper)", chips=chips))
+                             "'up to 8x longer than Ulysses' (third-party summary)", chips=chips))
             top = by_seq.get(FIG12_SEQS[-1], {}).get("superoffload")
             rows.append(_row("fig12", f"{FIG12_MODEL} seq {FIG12_SEQS[-1]} superoffload", "mfu",
                              None if top is None else round(top.mfu, 3), FIG12_PAPER_MFU, "V",

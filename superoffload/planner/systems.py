@@ -25,8 +25,9 @@ from superoffload.options import (
 )
 
 SYSTEMS = ("superoffload", "zero_offload", "zero_infinity", "fsdp_offload", "ds_superoffload", "torch")
-# modelled for the paper's figures only (no harness system runs them): DeepSpeed-Ulysses on ZeRO-3 without
-# offload, the Fig 12 baseline (docs/cost_model.md, "Long sequences")
+# modelled for the paper's figures and the long-sequence harness runs, not in the planner's comparisons of
+# SYSTEMS: DeepSpeed-Ulysses on ZeRO-3 without offload, the Fig 12 baseline (docs/cost_model.md, "Long sequences";
+# the harness runs it as baselines/ulysses.py)
 PAPER_ONLY_SYSTEMS = ("ulysses",)
 
 # Extra host traffic per param that exact rollback costs a speculative step (docs/cost_model.md,

@@ -60,15 +60,13 @@ def plan_for(shape: ModelShape, run: RunConfig):
     from superoffload.planner.presets import get_profile
 
     hw = get_profile(run.system_options.get("hardware") or hardware_for_device(run.device))
-    # the plan is made for what runs: the run's SP degree always (so a data-parallel run is never planned as
-    # a sequence-parallel one); checkpoint offload and the loss tile as the run sets them when it uses the
-    # sequence package, else left to the planner as before
-    seq_kw: dict[str, Any] = {"sp": run.sp}
-    if seqh.uses_sequence_package(run) or run.offload_checkpoints:
-        seq_kw.update(offload_checkpoints=run.offload_checkpoints, loss_tile=run.loss_tile or 0)
+    # the plan is made for what runs: the run's SP degree, checkpoint offload and loss tile exactly as the
+    # run sets them (the planner may not turn on a piece the harness would not apply; a request that needs
+    # one is PlanInfeasible, whose message names --sp / --offload-checkpoints / --loss-tile)
     return make_plan(shape, run.seq, run.batch, hw,
                      activation_checkpointing=bool(run.activation_checkpointing or run.offload_checkpoints),
-                     grad_accum=run.grad_accum, chips=max(1, run.world_size), **seq_kw)
+                     grad_accum=run.grad_accum, chips=max(1, run.world_size), sp=run.sp,
+                     offload_checkpoints=bool(run.offload_checkpoints), loss_tile=run.loss_tile or 0)
 
 
 def _cast_policy(run: RunConfig) -> dict[str, str]:
