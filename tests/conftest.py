@@ -1,5 +1,24 @@
+import os
+
 import pytest
 import torch
+
+# torchrun's variables. The in-process DeepSpeed / FSDP baselines fill them in for a one-rank world
+# (baselines._common.dist_env_defaults) and leave them set for the life of the process, as a real run
+# needs; in a test session they would leak into later tests and into the commands those tests start,
+# which then believe they are one rank of a torchrun job.
+_DIST_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.fixture(autouse=True)
+def _restore_dist_env():
+    saved = {k: os.environ.get(k) for k in _DIST_ENV}
+    yield
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
 
 
 def pytest_collection_modifyitems(config, items):
