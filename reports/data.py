@@ -11,6 +11,7 @@ from statistics import median
 from typing import Any
 
 from superoffload.harness.record import ResultFileError, parse_result
+from superoffload.planner.explain import format_ranges
 
 STATUSES = ("ok", "oom", "error")
 
@@ -291,15 +292,7 @@ def _cores(cores: Any) -> str:
     """A core list as ranges ("0-71"), for a table cell."""
     if not isinstance(cores, list) or not cores:
         return "–"
-    out, start, prev = [], cores[0], cores[0]
-    for c in cores[1:] + [None]:
-        if c is not None and c == prev + 1:
-            prev = c
-            continue
-        out.append(f"{start}" if start == prev else f"{start}-{prev}")
-        if c is not None:
-            start = prev = c
-    return ",".join(out)
+    return format_ranges(cores)
 
 
 def sort_key(row: dict[str, Any]) -> tuple:

@@ -272,6 +272,17 @@ class Bucket:
         host_addressable = self.flowed or self.ctx.device.shares_host_memory
         return home if host_addressable and home.dtype == h.upload.dtype else None
 
+    def _step_in_place(self, scale: float, hps: dict[int, HyperParams], steps: dict[int, int]) -> bool:
+        """Run the committing kernel straight into the home shard when it can be written in place
+        (``_direct_target``) and publish; False, with nothing done, when it cannot."""
+        direct = self._direct_target()
+        if direct is None:
+            return False
+        self._before_home_write()
+        self._run_kernel(scale, hps, steps, commit=True, out=direct)
+        self._publish(None)
+        return True
+
     def _wait_upload_buffer_free(self) -> None:
         # a previous non-blocking H2D may still be reading `upload`; don't overwrite it under the DMA
         self.ctx.device.sync_event(self.upload_event, "host: upload buffer free")
@@ -314,14 +325,9 @@ class Bucket:
                 self._swap_state()
                 self._publish(h.upload)
             else:
-                direct = self._direct_target()
-                if direct is not None:
-                    # same inputs, same arithmetic as the speculative pass: the commit pass writes state
-                    # and weights in place in one pass
-                    self._before_home_write()
-                    self._run_kernel(scale, hps, steps, commit=True, out=direct)
-                    self._publish(None)
-                else:
+                # same inputs, same arithmetic as the speculative pass: where the weights can be written
+                # in place, the commit pass writes state and weights in one pass
+                if not self._step_in_place(scale, hps, steps):
                     # weights now (the next forward waits for them); the commit pass, which only the next
                     # step's use of this bucket needs, is queued after every bucket's return (commit_state)
                     self._publish(h.upload)
@@ -329,12 +335,7 @@ class Bucket:
             ctx.counters.add(commit_s=time.perf_counter() - t0)
             return
         # REDO: the state is untouched in both rollback modes; step it now
-        direct = self._direct_target()
-        if direct is not None:
-            self._before_home_write()
-            self._run_kernel(scale, hps, steps, commit=True, out=direct)
-            self._publish(None)
-        else:
+        if not self._step_in_place(scale, hps, steps):
             self._wait_upload_buffer_free()
             self._run_kernel(scale, hps, steps, commit=True, out=h.upload)
             self._publish(h.upload)

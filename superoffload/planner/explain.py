@@ -34,7 +34,8 @@ def explain(model: str | ModelShape, seq: int, batch: int, hardware: str | Path 
     return format_plan(plan, shape)
 
 
-def _ranges(xs: list[int]) -> str:
+def format_ranges(xs: list[int]) -> str:
+    """Sorted integers as ranges, "0-3,8" (the Linux cpulist form); "none" for an empty list."""
     if not xs:
         return "none"
     out, start, prev = [], xs[0], xs[0]
@@ -64,7 +65,7 @@ def format_plan(plan: Plan, shape: ModelShape) -> str:
         f"  device_tail_buckets  {plan.device_tail_buckets}",
         f"  grad_cast            {plan.grad_cast}",
         f"  param_cast           {plan.param_cast}",
-        f"  flow_layers          {_ranges(plan.flow_layers)} ({len(plan.flow_layers)} of {shape.layers})",
+        f"  flow_layers          {format_ranges(plan.flow_layers)} ({len(plan.flow_layers)} of {shape.layers})",
         f"  flow_prefetch        {plan.flow_prefetch}",
         f"  host_optimizer       {plan.host_optimizer}",
         f"  rollback_mode        {plan.rollback_mode}",

@@ -102,30 +102,33 @@ def heads_to_seq(x: torch.Tensor, group: Group) -> torch.Tensor:
     return recv.permute(1, 2, 0, 3, 4).reshape(b, s, sp * h, d)
 
 
-class SeqToHeads(torch.autograd.Function):
-    """Autograd all-to-all sequence-sharded -> head-sharded; backward is the inverse all-to-all."""
+class _Exchange(torch.autograd.Function):
+    """Autograd all-to-all in one direction; its backward is the all-to-all in the other."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, group: Group) -> torch.Tensor:
-        ctx.group = group
-        return seq_to_heads(x, group)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        return heads_to_seq(grad, ctx.group), None
-
-
-class HeadsToSeq(torch.autograd.Function):
-    """Autograd all-to-all head-sharded -> sequence-sharded; backward is the inverse all-to-all."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, group: Group) -> torch.Tensor:
-        ctx.group = group
-        return heads_to_seq(x, group)
+    def forward(ctx, x: torch.Tensor, group: Group, to_heads: bool) -> torch.Tensor:
+        ctx.group, ctx.to_heads = group, to_heads
+        return (seq_to_heads if to_heads else heads_to_seq)(x, group)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        return seq_to_heads(grad, ctx.group), None
+        return (heads_to_seq if ctx.to_heads else seq_to_heads)(grad, ctx.group), None, None
+
+
+class SeqToHeads:
+    """Sequence-sharded -> head-sharded, differentiable (backward: head-sharded -> sequence-sharded)."""
+
+    @staticmethod
+    def apply(x: torch.Tensor, group: Group) -> torch.Tensor:
+        return _Exchange.apply(x, group, True)
+
+
+class HeadsToSeq:
+    """Head-sharded -> sequence-sharded, differentiable (backward: sequence-sharded -> head-sharded)."""
+
+    @staticmethod
+    def apply(x: torch.Tensor, group: Group) -> torch.Tensor:
+        return _Exchange.apply(x, group, False)
 
 
 def causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float | None = None,
