@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -160,6 +161,41 @@ class Device:
         """A host transfer buffer outside the engine (benchmarks): pinned with CUDA, else pageable."""
         return torch.empty(numel, dtype=dtype, pin_memory=self.is_cuda)
 
+    # --- copies of tensors the engine does not own (activation checkpoints in host memory) ---------------
+    def host_copy_buffer(self, like: torch.Tensor, category: str) -> torch.Tensor:
+        """A host tensor with `like`'s shape, strides and dtype, to receive an asynchronous copy of it:
+        page-locked where the device can DMA. Its ledger entry ends when its last reference dies."""
+        buf = torch.empty_like(like, device="cpu", pin_memory=self._pin_transfers())
+        nbytes = _storage_nbytes(buf)
+        kind = "pinned" if self._pin_transfers() else "pageable"
+        allocated = _pow2_ceil(nbytes) if kind == "pinned" else nbytes  # torch's caching host allocator
+        self.ledger.host_alloc(kind, category, nbytes, allocated)
+        weakref.finalize(buf, self.ledger.host_free, kind, category, nbytes, allocated)
+        return buf
+
+    def _pin_transfers(self) -> bool:
+        return False
+
+    def device_buffer_like(self, like: torch.Tensor, category: str) -> torch.Tensor:
+        """A device tensor with `like`'s shape, strides and dtype, allocated on the current stream. Its
+        ledger entry ends when its last reference dies."""
+        t = torch.empty_like(like, device=self.torch_device)
+        nbytes = _storage_nbytes(t)
+        self.ledger.alloc(category, nbytes)
+        weakref.finalize(t, self.ledger.free, category, nbytes)
+        return t
+
+    def copy_on(self, stream: Any, dst: torch.Tensor, src: torch.Tensor, point: str) -> None:
+        """`dst.copy_(src)` enqueued on `stream` (asynchronous between page-locked host and device memory).
+        For a source or target the engine does not track (the model's activations), so the simulated
+        device attributes the copy to the stream, not to the host thread."""
+        with self.stream(stream):
+            dst.copy_(src, non_blocking=True)
+
+    def hold_for(self, t: torch.Tensor, streams: Sequence[Any]) -> None:
+        """`t`'s memory is not handed to new work before `streams`' work enqueued so far is done, whoever
+        drops the last reference (CUDA: record_stream)."""
+
     # --- what the simulated device checks ----------------------------------------------------------
     @contextlib.contextmanager
     def access(self, reads: Sequence[torch.Tensor] = (), writes: Sequence[torch.Tensor] = ()) -> Iterator[None]:
@@ -212,6 +248,14 @@ class HostDevice(Device):
 
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
+
+
+def _storage_nbytes(t: torch.Tensor) -> int:
+    return t.untyped_storage().nbytes()
+
+
+def _pow2_ceil(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
 
 
 def storage_span(t: torch.Tensor) -> tuple[int, int, int]:

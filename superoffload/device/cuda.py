@@ -16,12 +16,8 @@ from typing import Any
 
 import torch
 
-from superoffload.device.base import Device
+from superoffload.device.base import Device, _pow2_ceil
 from superoffload.device.kernels import TorchKernels
-
-
-def _pow2_ceil(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
 
 
 class CudaDevice(Device):
@@ -135,6 +131,13 @@ class CudaDevice(Device):
             self.ledger.host_free("pinned", category, buf.numel(), size)
         else:
             self.ledger.host_free("pinned", category, buf.numel(), _pow2_ceil(buf.numel()))
+
+    def _pin_transfers(self) -> bool:
+        return True
+
+    def hold_for(self, t: torch.Tensor, streams: Sequence[Any]) -> None:
+        for s in streams:
+            t.record_stream(s)
 
     # --- reporting ---------------------------------------------------------------------------------
     def reset_peak_memory(self) -> None:

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from superoffload.device.base import Device, SyncOnHotPathError, _nbytes, storage_span
+from superoffload.device.base import Device, SyncOnHotPathError, _nbytes, _storage_nbytes, storage_span
 from superoffload.device.hb import HBTracker
 from superoffload.device.kernels import TorchKernels
 
@@ -157,6 +157,7 @@ class SimDevice(Device):
         self._allocs: dict[int, list[Any]] = {}  # storage base -> [nbytes, live tensors, category]
         self._alloc_lock = threading.Lock()
         self._host_kind: dict[int, tuple[bool, str]] = {}
+        self._held: dict[int, tuple[Any, ...]] = {}  # storage base -> streams declared by hold_for
 
     def name(self) -> str:
         return "sim (simulated discrete device on the CPU)"
@@ -230,9 +231,14 @@ class SimDevice(Device):
             if entry is None:
                 return
             entry[1] -= 1
-            if entry[1] <= 0:
-                del self._allocs[base]
-                self.ledger.free(entry[2], entry[0])
+            if entry[1] > 0:
+                return
+            del self._allocs[base]
+            self.ledger.free(entry[2], entry[0])
+            tracked = len(entry) > 3  # a device_buffer_like buffer: its reuse is checked too
+            safe = self._held.pop(base, ()) if tracked else ()
+        if tracked:  # returned to the allocator on the compute stream, where the training thread drops it
+            self.hb.free(base, on=self.compute, safe_streams=safe)
 
     # --- streams and events ------------------------------------------------------------------------
     def new_stream(self, name: str) -> SimStream:
@@ -370,6 +376,52 @@ class SimDevice(Device):
         self._host_waits(self._current(), "read of a device value on the host")
         with self._untracked():
             return t.clone()
+
+    # --- copies of tensors the engine does not own (activation checkpoints) ------------------------
+    def _pin_transfers(self) -> bool:
+        return True
+
+    def host_copy_buffer(self, like: torch.Tensor, category: str) -> torch.Tensor:
+        with self._untracked():
+            buf = torch.empty_like(like, device="cpu")
+        nbytes = _storage_nbytes(buf)
+        self.ledger.host_alloc("pinned", category, nbytes, nbytes)
+        self._register(buf, "host", category)
+        weakref.finalize(buf, self._host_copy_died, buf.untyped_storage().data_ptr(), category, nbytes)
+        return buf
+
+    def _host_copy_died(self, base: int, category: str, nbytes: int) -> None:
+        self.ledger.host_free("pinned", category, nbytes, nbytes)
+        self.hb.unregister(base)
+
+    def device_buffer_like(self, like: torch.Tensor, category: str) -> torch.Tensor:
+        with self._untracked():
+            t = torch.empty_like(like, device="cpu")
+        nbytes = _storage_nbytes(t)
+        base = t.untyped_storage().data_ptr()
+        self.ledger.alloc(category, nbytes)
+        self._register(t, "device", category)  # written by the allocating (current) stream
+        # alive while any tensor on its storage is: views made by tracked ops (checkpoint's detach) count
+        # themselves in (_note_outputs)
+        with self._alloc_lock:
+            self._allocs[base] = [nbytes, 1, category, "device_buffer_like"]
+        weakref.finalize(t, self._tensor_died, base)
+        return t
+
+    def copy_on(self, stream: SimStream, dst: torch.Tensor, src: torch.Tensor, point: str) -> None:
+        self.hb.launch(stream)
+        for t, write in ((src, False), (dst, True)):
+            base, s, e = storage_span(t)
+            self.hb.access(stream, base, s, e, write, f"copy ({point})")
+        with self._untracked():
+            dst.copy_(src)
+
+    def hold_for(self, t: torch.Tensor, streams: Sequence[Any]) -> None:
+        base = t.untyped_storage().data_ptr()
+        if self.hb.kind_of(base) is None:  # untracked (the model's activations): nothing checks its free
+            return
+        with self._alloc_lock:
+            self._held[base] = (*self._held.get(base, ()), *streams)
 
     # --- annotations -------------------------------------------------------------------------------
     @contextlib.contextmanager

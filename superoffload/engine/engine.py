@@ -94,6 +94,9 @@ class SuperOffloadEngine:
         self._pending_master = {s.index: s.param.detach().to("cpu", torch.float32).reshape(-1).clone()
                                 for s in self.slots}
         self.model = _to_device(model, self.device.torch_device, self.dtype)
+        offloader = getattr(model, "activation_offloader", None)  # checkpoints in host memory (sequence/)
+        if offloader is not None and hasattr(offloader, "use_device"):
+            offloader.use_device(self.device)
         self.optimizer = OffloadOptimizer(self, groups)
         self.steps = [0] * len(self.slots)
         self.loss_scale = DynamicLossScale(cfg.loss_scale, enabled=cfg.precision == "fp16")

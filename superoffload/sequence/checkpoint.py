@@ -7,13 +7,22 @@ those inputs through autograd's saved-tensor mechanism *outside* its own recompu
 ``torch.autograd.graph.saved_tensors_hooks`` installed around the call see exactly them (a test checks
 that nothing else is packed). ``ActivationOffloader`` installs such hooks:
 
-- pack (forward): copy the input to a host buffer -- pinned, on a side stream, asynchronously on CUDA
-  (the device tensor is kept alive for the copy with ``record_stream``, then released with the
-  caller's reference); a separate host buffer on CPU, so CPU tests run the same path;
+- pack (forward): copy the input to a page-locked host buffer on a side stream, asynchronously (the
+  device tensor is kept alive for the copy with ``Device.hold_for``, CUDA's ``record_stream``, then
+  released with the caller's reference);
 - prefetch (backward): when block i's backward starts -- its output's gradient is ready, the first
-  saved tensor is unpacked, the recompute starts -- block i-1's input is copied back on the side stream,
-  so the copy overlaps block i's recompute and backward (one block ahead);
-- unpack (recompute): wait for that copy (an event on CUDA) and hand the tensor to the recompute.
+  saved tensor is unpacked, the recompute starts -- block i-1's input is copied back on the side stream
+  into a device buffer allocated on the compute stream, so the copy overlaps block i's recompute and
+  backward (one block ahead);
+- unpack (recompute): the compute stream waits for that copy's event and the tensor goes to the recompute.
+
+Streams, events, buffers and copies go through ``superoffload.device``: the engine binds its device
+(``use_device``), so on ``sim`` this is the CUDA path with every ordering point checked (the recompute's
+read of the prefetched input must be ordered after its copy, the buffer's reuse after the copy's end) and
+every buffer in the memory ledger (host copies: pinned, ``activation_checkpoints``; prefetched inputs:
+device ``activations``). Unbound, a CUDA tensor's device is a ``CudaDevice``. Where the device *is* the
+host (``shares_host_memory``: the ``host`` backend, plain CPU tensors) the input is copied to a separate
+host tensor and that copy goes straight back to the recompute: no streams, nothing to order.
 
 The values are copied, never transformed, so loss and every gradient are bit-identical to plain
 non-reentrant checkpointing (tested with ``torch.equal``). ``stats()`` reports the host bytes held.
@@ -25,9 +34,12 @@ import threading
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch.utils.checkpoint import checkpoint
+
+from superoffload.device import Device
 
 
 @dataclass
@@ -46,33 +58,32 @@ class _Saved:
 
     def __init__(self) -> None:
         self.host: torch.Tensor | None = None
-        self.device: torch.device | None = None
-        self.d2h = None              # CUDA event: host copy complete
-        self.h2d = None              # CUDA event: device copy complete
+        self.device: Device | None = None   # None: the device is the host (no copies to order)
+        self.d2h = None              # event: host copy complete
+        self.h2d = None              # event: device copy complete
         self.fetched: torch.Tensor | None = None
         self.used = False            # unpacked at least once (its backward has run)
         self.prev: weakref.ref | None = None   # the input saved just before this one (the previous block)
         self.nbytes = 0
 
 
-def _empty_host_like(t: torch.Tensor, pin: bool) -> torch.Tensor:
-    # same strides (empty_like preserves dense layouts): a recompute on differently-strided input could
-    # take another kernel path
-    return torch.empty_like(t, device="cpu", pin_memory=pin)
+HOST_CATEGORY = "activation_checkpoints"   # the memory ledger's host category of the copies
 
 
 class ActivationOffloader:
     """Saved-tensor hooks that keep checkpointed blocks' inputs in host memory; ``checkpoint`` uses them.
 
-    One instance per model (its blocks form one prefetch chain, in forward order). On CUDA one side
-    stream per device carries both copy directions.
+    One instance per model (its blocks form one prefetch chain, in forward order). One side stream per
+    device carries both copy directions.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, device: Device | None = None) -> None:
         self._lock = threading.Lock()
         self._stats = OffloadStats()
         self._last: weakref.ref | None = None
-        self._streams: dict[torch.device, torch.cuda.Stream] = {}
+        self._device = device
+        self._cuda: dict[int, Device] = {}
+        self._streams: dict[int, Any] = {}
 
     def __getstate__(self) -> dict:   # a copied model gets a fresh offloader (streams and locks do not copy)
         return {}
@@ -81,6 +92,10 @@ class ActivationOffloader:
         self.__init__()
 
     # ---------------------------------------------------------------- public
+    def use_device(self, device: Device) -> None:
+        """Copy, order and account through `device` (the engine binds its own at ``initialize``)."""
+        self._device = device
+
     def checkpoint(self, fn: Callable, *args, **kwargs):
         """``torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False, **kwargs)`` with the saved
         inputs in host memory. Callable as transformers' ``_gradient_checkpointing_func``."""
@@ -99,10 +114,21 @@ class ActivationOffloader:
             self._stats.peak_host_bytes = self._stats.host_bytes
 
     # ---------------------------------------------------------------- hooks
-    def _stream(self, device: torch.device) -> torch.cuda.Stream:
-        s = self._streams.get(device)
+    def _device_for(self, t: torch.Tensor) -> Device | None:
+        """The Device that holds `t`, or None when `t` is in host memory the device shares."""
+        dev = self._device
+        if dev is None and t.is_cuda:
+            dev = self._cuda.get(t.device.index)
+            if dev is None:
+                from superoffload.device.cuda import CudaDevice
+
+                dev = self._cuda[t.device.index] = CudaDevice(t.device.index)
+        return None if dev is None or dev.shares_host_memory else dev
+
+    def _stream(self, dev: Device) -> Any:
+        s = self._streams.get(id(dev))
         if s is None:
-            s = self._streams[device] = torch.cuda.Stream(device=device)
+            s = self._streams[id(dev)] = dev.new_stream("checkpoints")
         return s
 
     def _account(self, nbytes: int) -> None:
@@ -115,20 +141,21 @@ class ActivationOffloader:
 
     def _pack(self, t: torch.Tensor) -> _Saved:
         saved = _Saved()
-        saved.device = t.device
         saved.nbytes = t.numel() * t.element_size()
         src = t.detach()
-        if src.is_cuda:
-            saved.host = _empty_host_like(src, pin=True)
-            stream = self._stream(src.device)
-            stream.wait_stream(torch.cuda.current_stream(src.device))
-            with torch.cuda.stream(stream):
-                saved.host.copy_(src, non_blocking=True)
-                saved.d2h = torch.cuda.Event()
-                saved.d2h.record(stream)
-            src.record_stream(stream)   # the caching allocator may not reuse it before the copy is done
+        dev = saved.device = self._device_for(src)
+        if dev is not None:
+            saved.host = dev.host_copy_buffer(src, HOST_CATEGORY)
+            stream = self._stream(dev)
+            dev.wait_stream(stream, dev.current_stream(), "checkpoint: block input written")
+            dev.copy_on(stream, saved.host, src, "checkpoint to host")
+            saved.d2h = dev.new_event()
+            dev.record(saved.d2h, stream, "checkpoint: copy to host")
+            dev.hold_for(src, (stream,))   # the allocator may not reuse it before the copy is done
         else:
-            saved.host = _empty_host_like(src, pin=False)
+            # same strides (empty_like preserves dense layouts): a recompute on differently-strided input
+            # could take another kernel path
+            saved.host = torch.empty_like(src, device="cpu")
             saved.host.copy_(src)
         saved.prev, self._last = self._last, weakref.ref(saved)
         self._account(saved.nbytes)
@@ -139,18 +166,18 @@ class ActivationOffloader:
         """Start the copy back to the device (no-op if started, or if the host copy is gone)."""
         if saved.fetched is not None or saved.host is None:
             return
-        if saved.device.type == "cuda":
-            dev = torch.empty_like(saved.host, device=saved.device)   # allocated on the compute stream
-            stream = self._stream(saved.device)
-            stream.wait_stream(torch.cuda.current_stream(saved.device))  # ... so its memory is free to write
-            with torch.cuda.stream(stream):
-                dev.copy_(saved.host, non_blocking=True)              # after the D2H: same stream
-                saved.h2d = torch.cuda.Event()
-                saved.h2d.record(stream)
-            dev.record_stream(stream)
-            saved.fetched = dev
-        else:
-            saved.fetched = saved.host if saved.device.type == "cpu" else saved.host.to(saved.device)
+        dev = saved.device
+        if dev is None:
+            saved.fetched = saved.host
+            return
+        out = dev.device_buffer_like(saved.host, "activations")   # allocated on the compute stream ...
+        stream = self._stream(dev)
+        dev.wait_stream(stream, dev.current_stream(), "checkpoint: prefetch buffer free")  # ... free to write
+        dev.copy_on(stream, out, saved.host, "checkpoint to device")   # after the copy to host: same stream
+        saved.h2d = dev.new_event()
+        dev.record(saved.h2d, stream, "checkpoint: copy to device")
+        dev.hold_for(out, (stream,))
+        saved.fetched = out
 
     def _unpack(self, saved: _Saved) -> torch.Tensor:
         with self._lock:
@@ -162,7 +189,7 @@ class ActivationOffloader:
         self._prefetch(saved)
         out = saved.fetched
         if saved.h2d is not None:
-            torch.cuda.current_stream(saved.device).wait_event(saved.h2d)
+            saved.device.wait_event(saved.device.current_stream(), saved.h2d, "checkpoint: prefetched input landed")
         # a second backward over a retained graph fetches again from the host copy, which lives as long
         # as the graph does
         saved.fetched, saved.h2d, saved.used = None, None, True

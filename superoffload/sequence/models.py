@@ -250,6 +250,7 @@ def enable_offloaded_checkpointing(hf: nn.Module, offloader: ActivationOffloader
     if not getattr(hf, "supports_gradient_checkpointing", False):
         raise ValueError(f"{type(hf).__name__} does not support activation checkpointing")
     hf._set_gradient_checkpointing(enable=True, gradient_checkpointing_func=offloader.checkpoint)
+    hf.activation_offloader = offloader  # superoffload.initialize binds its device to it
     if getattr(hf.config, "use_cache", False):
         hf.config.use_cache = False
     return offloader

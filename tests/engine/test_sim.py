@@ -29,7 +29,7 @@ SEQ = 16
 SPEC = {"speculation_policy": {"max_rollback_rate": 1.0}}
 
 
-def model_fn(name: str = "gpt-tiny", ac: bool = False):
+def model_fn(name: str = "gpt-tiny", ac: bool | str = False):
     return lambda: build_model(get_shape(name), seq=SEQ, seed=0, activation_checkpointing=ac)
 
 
@@ -59,6 +59,9 @@ SIM_CASES = [
     ("gpt-tiny", {"precision": "fp32", "device_tail_buckets": 2}, 1, True),
     ("gpt-tiny", {"precision": "bf16", "flow_layers": [1, 2], "flow_prefetch": 1}, 1, True),
     ("llama-tiny", {"precision": "bf16", "flow_layers": [0], "device_tail_buckets": 1}, 1, False),
+    # checkpoints in host memory (superoffload.sequence): the engine binds its device to the offloader
+    ("gpt-tiny", {"precision": "bf16", "device_tail_buckets": 1}, 2, "offload"),
+    ("llama-tiny", {"precision": "bf16", "flow_layers": [1]}, 1, "offload"),
 ]
 
 
@@ -76,6 +79,8 @@ def test_sim_is_bit_identical_to_host(name, extra, accum, ac):
     s = sim.stats["speculation"]
     assert s["rolled_back"] > 0 and s["skipped"] > 0 and s["speculated"] == steps
     assert_same_run(sim, ls, host, lh)
+    if ac == "offload":  # the offloader's copies went through the simulated device's streams and events
+        assert {"checkpoint: copy to host", "checkpoint: prefetched input landed"} <= sim.device.points_seen
     for e in (host, sim):
         e.close()
 

@@ -73,13 +73,15 @@ def test_bench_memory_cli_prints_one_json_object():
 @pytest.mark.parametrize("seq", [32, 128])
 def test_long_sequence_terms_match_the_ledger(seq):
     """Checkpoints in host memory and the tiled loss (SP = 1; SP > 1 only divides the tokens, checked as
-    arithmetic in tests/planner/test_long_seq.py), gpt-tiny on sim, whose step peaks in the loss backward,
-    where every checkpoint is alive. The offloaded checkpoints' host bytes are the plan's exactly; moving them
-    off the device removes every block input from the measured peak (exactly at seq 128, 97 % of them at 32;
-    the CPU path keeps no device window, the plan's two-block CUDA window is conservative by two inputs);
-    every variant's device peak is within 5 % of the plan (-2.1 ... -0.0 %); the tiled loss changes the
-    measured peak by what the plan says (2 tiles at seq 128: smaller; at seq 32, where the fp32
-    weight-gradient accumulator outweighs the logits: larger)."""
+    arithmetic in tests/planner/test_long_seq.py), gpt-tiny on sim. The offloader runs its discrete-device
+    path there (the engine binds its device): host copies pinned, block inputs prefetched back into device
+    buffers. The offloaded checkpoints' host bytes are the plan's exactly; every variant's device peak is
+    within 5 % of the plan (measured: -2.2 ... -0.0 %); moving the checkpoints off the device removes at
+    least the plan's layers - 2 block inputs from the peak (the plan keeps a window of two on the device;
+    measured: all 4 at seq 128, where the peak is the loss backward before any prefetch, 1.9 at seq 32,
+    where it is a block's backward with its window, 5 % under the plan); the tiled loss changes the measured
+    peak by what the plan says (2 tiles at seq 128: smaller; at seq 32, where the fp32 weight-gradient
+    accumulator outweighs the logits: larger; within 1 % without offload, 15 % with it, whose peak moves)."""
     shape = get_shape("gpt-tiny")
     one = 2 * shape.hidden * seq * 2  # a block input: bf16 [batch 2, seq, hidden]
     recs = {(off, tile): measure("gpt-tiny", seq, 2, device="sim", checkpointing=True, offload_checkpoints=off,
@@ -99,12 +101,13 @@ def test_long_sequence_terms_match_the_ledger(seq):
         on, off = recs[(True, tile)], (False, tile)
         assert on["host_by_category"]["measured"]["activation_checkpoints"] == shape.layers * one
         assert on["host_by_category"]["planned"]["activation_checkpoints"] == shape.layers * one
-        assert act(off, "measured") - act((True, tile), "measured") == pytest.approx(shape.layers * one, rel=0.05)
+        saved = act(off, "measured") - act((True, tile), "measured")
+        assert 0.9 * (shape.layers - 2) * one <= saved <= shape.layers * one
         assert act(off, "planned") - act((True, tile), "planned") == (shape.layers - 2) * one
     for off in (False, True):
         measured = act((off, seq), "measured") - act((off, None), "measured")
         planned = act((off, seq), "planned") - act((off, None), "planned")
-        assert (measured < 0) == (seq == 128) and planned == pytest.approx(measured, rel=0.01)
+        assert (measured < 0) == (seq == 128) and planned == pytest.approx(measured, rel=0.15 if off else 0.01)
 
 
 def test_bench_memory_refuses_offload_without_checkpointing():

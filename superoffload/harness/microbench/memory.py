@@ -11,13 +11,12 @@ warm-up, and reports:
 
 Long sequences (superoffload/sequence), single process: `offload_checkpoints` builds the model with its
 checkpoints in host memory (`activation_checkpointing="offload"`), `loss_tile` swaps in the tiled loss
-(`enable_sequence_parallel(model, None, loss_tile=...)`, SP = 1). The offloader's host copies are plain CPU
-tensors made on the training thread, which the simulated device would count as device activations; here
-they are made outside its ledger, as on CUDA, where they are pinned host memory. The ledger has no host
-peaks, so their measured bytes are the offloader's own (`ActivationOffloader.stats().peak_host_bytes`),
-added to the pinned host bytes and reported as the host category `activation_checkpoints`. On the CPU path
-the offloader hands its host copy straight to the recompute, so the device window of two block inputs the
-planner charges (CUDA's prefetch buffers) is not measured here.
+(`enable_sequence_parallel(model, None, loss_tile=...)`, SP = 1). The engine binds its device to the
+model's offloader, so on `sim` and CUDA the block inputs it prefetches back are device `activations` in
+the ledger (the planner's window of two block inputs) and its host copies are pinned. The ledger keeps
+no host peaks, so the checkpoints' host bytes are the offloader's own count
+(`ActivationOffloader.stats().peak_host_bytes`), added to the pinned host bytes (pageable on the `host`
+backend) and reported as the host category `activation_checkpoints`.
 
 The JSON (`--json`, one object on stdout, or `--out FILE`) follows
 superoffload/harness/memory_bench.schema.json.
@@ -26,12 +25,10 @@ superoffload/harness/memory_bench.schema.json.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import datetime as _dt
 import json
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 from superoffload.harness.models import MODELS
@@ -52,27 +49,6 @@ def _planned(shape: Any, seq: int, batch: int, checkpointing: bool, cfg: Any, wo
         grad_accum=cfg.grad_accum, staging_buffers=cfg.staging_buffers, world=world, device_is_host=device_is_host,
         offload_checkpoints=offload_checkpoints, loss_tile=loss_tile)
     return engine_memory(shape, seq, batch, checkpointing, inp)
-
-
-@contextlib.contextmanager
-def _host_checkpoints(dev: Any) -> Iterator[None]:
-    """On the simulated device, the offloader's host copies are made outside the device's ledger (see the
-    module doc); elsewhere nothing changes."""
-    if dev.kind != "sim":
-        yield
-        return
-    from unittest import mock
-
-    import torch
-
-    from superoffload.sequence import checkpoint
-
-    def host_copy(t: torch.Tensor, pin: bool) -> torch.Tensor:
-        with dev._untracked():
-            return torch.empty_like(t, device="cpu")
-
-    with mock.patch.object(checkpoint, "_empty_host_like", host_copy):
-        yield
 
 
 def measure(model: str, seq: int, batch: int, *, device: str = "sim", dtype: str = "bf16", grad_accum: int = 1,
@@ -105,17 +81,16 @@ def measure(model: str, seq: int, batch: int, *, device: str = "sim", dtype: str
     dev = engine.device
     try:
         data = SyntheticData(shape.vocab, seq, batch, grad_accum=grad_accum, seed=seed)
-        with _host_checkpoints(dev):
-            for i in range(warmup + steps):
-                if i == warmup:
-                    engine.synchronize()
-                    dev.reset_peak_memory()
-                    if offload_checkpoints:
-                        net.activation_offloader.reset_peak()
-                b = data.batch_at(i)
-                for x, y in zip(b.inputs, b.targets, strict=True):
-                    engine.backward(engine(x.to(dev.torch_device), y.to(dev.torch_device)))
-                engine.step()
+        for i in range(warmup + steps):
+            if i == warmup:
+                engine.synchronize()
+                dev.reset_peak_memory()
+                if offload_checkpoints:
+                    net.activation_offloader.reset_peak()
+            b = data.batch_at(i)
+            for x, y in zip(b.inputs, b.targets, strict=True):
+                engine.backward(engine(x.to(dev.torch_device), y.to(dev.torch_device)))
+            engine.step()
         engine.synchronize()
         rep = dev.memory_report()
         world = engine.comm.world
