@@ -67,7 +67,7 @@ class Comm:
             if out.data_ptr() != inp.data_ptr():
                 out.copy_(inp)
             return None
-        self.log["main"].append(f"reduce_scatter {inp.numel()}")
+        self.log["main"].append(f"reduce_scatter {inp.numel()} {str(inp.dtype).removeprefix('torch.')}")
         fn = _shim("reduce_scatter_single", "reduce_scatter_tensor")
         return fn(out, inp, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
 

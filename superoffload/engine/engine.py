@@ -201,7 +201,7 @@ class SuperOffloadEngine:
             return []
         dev, cfg, comm = self.device, self.config, self.comm
         lowp = self.dtype != torch.float32
-        grad_dtype = self.dtype if lowp and cfg.grad_cast == "host" and not comm.active else torch.float32
+        grad_dtype = self._grad_dtype()
         up_dtype = self.dtype if lowp and cfg.param_cast == "host" else torch.float32
         pinned = HostArena(dev, pinned=not dev.shares_host_memory, category="transfer")
         pageable = HostArena(dev, pinned=False, category="optimizer_state")
@@ -282,10 +282,19 @@ class SuperOffloadEngine:
         if not need or (dev.shares_host_memory and not comm.active):
             return
         numel = max(b.layout.padded for b in need)
-        lowp = self.dtype != torch.float32
-        dtype = self.dtype if lowp and cfg.grad_cast == "host" and not comm.active else torch.float32
+        dtype = self._grad_dtype()
+        # several ranks: the reduce-scatter's output is a slot of its own, except where it can land in the
+        # host buffer directly (a device that is the host) and tail buckets' fp32 gradients take it as is
         self.ring = StagingRing(dev, cfg.staging_buffers, numel, numel // comm.world, dtype,
-                                separate_shard=comm.active and not dev.shares_host_memory)
+                                separate_shard=comm.active and (not dev.shares_host_memory or dtype != torch.float32))
+
+    def _grad_dtype(self) -> torch.dtype:
+        """The dtype gradients are flattened, reduced and moved to the host in: the training precision with
+        `grad_cast: host` (the host kernel casts; with several ranks the reduce-scatter sums in it, as
+        DeepSpeed's default communication_data_type and DDP on a bf16 model do), else fp32 (cast on the
+        device before any reduction)."""
+        lowp = self.dtype != torch.float32
+        return self.dtype if lowp and self.config.grad_cast == "host" else torch.float32
 
     def _upload_staging(self, numel: int) -> torch.Tensor:
         """The device fp32 buffer a param_cast "device" return lands in before its cast on the device
@@ -545,11 +554,11 @@ class SuperOffloadEngine:
         assert ring is not None
         i = ring.acquire()
         flat = ring.flat[i][: b.layout.padded]
-        if b.tail is not None:
+        if b.tail is not None and b.tail["grad"].dtype == flat.dtype:
             shard = b.tail["grad"]
-        elif self.device.shares_host_memory:
+        elif b.tail is None and self.device.shares_host_memory:
             shard = b.host.landing
-        elif comm.active:
+        elif comm.active:  # a discrete device, or a tail bucket's low-precision reduction (cast after it)
             shard = ring.shard[i][: b.shard_numel]
         else:
             shard = flat
@@ -581,6 +590,8 @@ class SuperOffloadEngine:
                     view.zero_()
             flat[b.layout.numel:].zero_()
             comm.wait(comm.reduce_scatter(shard, flat))
+            if b.tail is not None and shard is not b.tail["grad"]:
+                b.tail["grad"].copy_(shard)  # reduced in the training precision; the tail steps in fp32
             dev.kernels.grad_norm_sq(shard, self.norms[b.index: b.index + 1])
             dev.record(b.flat_ready, side, "launch: gradient flattened")
         for s, g in grads:  # autograd's gradient is consumed: its memory returns once the side stream is done

@@ -247,7 +247,7 @@ def engine_memory(shape: ModelShape, seq: int, batch: int, checkpointing: bool, 
     world = m.world
     buckets = engine_buckets(shape, m)
     host_b = [b for b in buckets if not b.on_device]
-    gbytes = p if (lowp and m.grad_cast == "host" and world == 1) else FP32
+    gbytes = p if (lowp and m.grad_cast == "host") else FP32  # flattened, reduced and moved in this
     ubytes = p if (lowp and m.param_cast == "host") else FP32
     est = MemoryEstimate()
     dev, host = est.device, est.host
@@ -264,9 +264,9 @@ def engine_memory(shape: ModelShape, seq: int, batch: int, checkpointing: bool, 
     ring = [b.padded for b in (buckets if world > 1 else host_b)]
     if ring and (world > 1 or not m.device_is_host):
         largest = max(ring)
-        staging += m.staging_buffers * largest * (FP32 if world > 1 else gbytes)
-        if world > 1 and not m.device_is_host:
-            staging += m.staging_buffers * (largest // world) * FP32
+        staging += m.staging_buffers * largest * gbytes
+        if world > 1 and (not m.device_is_host or gbytes != FP32):  # the reduce-scatter's output slots
+            staging += m.staging_buffers * (largest // world) * gbytes
     if lowp and m.param_cast == "device" and not m.device_is_host and host_b:
         staging += FP32 * max(b.padded // world for b in host_b)
     dev["staging"] = staging

@@ -382,10 +382,44 @@ def fig10_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def fig11_table(rows: list[dict[str, Any]], chips: int) -> str:
+    """Fig 11 predictions on ``chips`` chips as a model x system grid of model TFLOPS per chip."""
+    grid: dict[str, dict[str, str]] = {}
+    for r in rows:
+        if r["figure"] == "fig11" and r["metric"] == "model_tflops" and r.get("chips") == chips:
+            model, system = r["point"].split(" ")
+            grid.setdefault(model, {})[system] = "OOM" if r["predicted"] is None else f"{r['predicted']:.0f}"
+    lines = ["| model | " + " | ".join(FIG10_SYSTEMS) + " |", "|---" * (len(FIG10_SYSTEMS) + 1) + "|"]
+    for model, cells in grid.items():
+        lines.append(f"| {model} | " + " | ".join(cells.get(s, "") for s in FIG10_SYSTEMS) + " |")
+    return "\n".join(lines)
+
+
+def fig13_table(rows: list[dict[str, Any]]) -> str:
+    """The largest trainable model per chip count (Fig 13 setting) and system."""
+    systems = ("superoffload", "zero_offload", "zero_infinity", "torch")
+    grid: dict[int, dict[str, str]] = {}
+    for r in rows:
+        if r["figure"] != "fig13" or r["metric"] != "largest_model_B":
+            continue
+        chips = r.get("chips") or 1
+        system = r["point"].split(" ")[-1]
+        grid.setdefault(chips, {})[system] = "none" if r["predicted"] is None else f"{r['predicted']:g}B"
+    lines = ["| chips | " + " | ".join(systems) + " |", "|---" * (len(systems) + 1) + "|"]
+    for chips in sorted(grid):
+        lines.append(f"| {chips} | " + " | ".join(grid[chips].get(s, "") for s in systems) + " |")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
     rows = paper_comparison()
     print(format_table(rows))
     print()
     print(fig10_table(rows))
+    for chips in FIG11_SETTINGS:
+        print()
+        print(fig11_table(rows, chips))
+    print()
+    print(fig13_table(rows))
     print()
     print(fig12_table(rows))

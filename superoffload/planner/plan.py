@@ -283,8 +283,9 @@ def _chips_reason(w: Workload, hw: HardwareProfile) -> str:
     across = nodes > 1
     gbps = min(hw.intra_node_gbps, hw.inter_node_gbps) if across else hw.intra_node_gbps  # type: ignore[type-var]
     return (f"Chips: {ranks} ({per_node} per node, {nodes} node{'s' if nodes > 1 else ''}); "
-            f"each host holds 1/{w.chips} of the fp32 master and Adam state and steps it; per bucket a fp32 "
-            f"reduce-scatter and an all-gather of the weights, per step one all-reduce of the norm, over "
+            f"each host holds 1/{w.chips} of the fp32 master and Adam state and steps it; per bucket a "
+            f"reduce-scatter of the gradient (its dtype: see Casting) and an all-gather of the weights, per "
+            f"step one all-reduce of the norm, over "
             f"{'the inter-node network' if across else 'the intra-node links'} at {gbps:.0f} GB/s per rank.")
 
 
@@ -322,7 +323,11 @@ def _choose_cast(w: Workload, hw: HardwareProfile, opts: Options, reasons: list[
         f"(cast {hw.device_cast_gbps:.0f} GB/s, link {link_bw:.0f} GB/s) vs bf16 copy + "
         f"host cast {host_ps:.1f} ps (host cast {hw.host_cast_gbps:.0f} GB/s, on the pool that also runs "
         f"Adam); predicted step {preds['device'].step_time_s * 1e3:.1f} ms (device) vs "
-        f"{preds['host'].step_time_s * 1e3:.1f} ms (host).")
+        f"{preds['host'].step_time_s * 1e3:.1f} ms (host)."
+        + (f" With {w.chips} chips the side also sets the reduce-scatter's dtype: fp32 (4 B/param on the "
+           f"network) with device casts, {opts.precision} (2 B/param, summed in {opts.precision} as "
+           "DeepSpeed's default communication_data_type does) with host casts."
+           if w.chips > 1 and opts.precision != "fp32" else ""))
     return cast
 
 

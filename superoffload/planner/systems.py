@@ -157,11 +157,11 @@ def _data_parallel(spec: SystemSpec, opts: Options, world: int) -> None:
     """The collectives each system adds on ``world`` data-parallel ranks (one per chip), read from the
     systems' sources (docs/cost_model.md, "Several chips"); "[inferred]" where it is not written there.
 
-    - superoffload (superoffload/engine/comm.py): each bucket's gradient copied into an fp32 flat buffer,
-      SUM reduce-scatter in fp32, the rank's shard D2H, host Adam on the shard, the shard's weights H2D
-      and an all-gather of the bucket's weights in the training precision; one all-reduce of
-      [norm², non-finite count] per step. bf16 gradients are not moved at W > 1 (grad_cast applies to
-      one rank only).
+    - superoffload (superoffload/engine/comm.py): each bucket's gradient copied into a flat buffer (fp32,
+      cast on the device), SUM reduce-scatter in its dtype, the rank's shard D2H, host Adam on the shard,
+      the shard's weights H2D and an all-gather of the bucket's weights in the training precision; one
+      all-reduce of [norm², non-finite count] per step. With ``grad_cast: host`` the flat gradient stays
+      in the training precision: reduce-scattered and moved in it, cast by the host kernel.
     - zero_offload / zero_infinity (DeepSpeed ZeRO-2 / ZeRO-3 with every parameter persistent, as the
       artifact configures it): per reduce bucket a reduce of each partition to its owner (reduce-scatter
       volume) in the training dtype [inferred: DeepSpeed's communication_data_type defaults to it],
@@ -194,9 +194,7 @@ def _data_parallel(spec: SystemSpec, opts: Options, world: int) -> None:
     spec.shard_optimizer = True
     spec.grad_reduce = "reduce_scatter"
     if spec.name == "superoffload":
-        spec.grad_reduce_bytes = 4
-        if opts.precision != "fp32":
-            spec.grad_device_cast, spec.grad_host_cast, spec.grad_d2h_bytes = True, False, 4
+        spec.grad_reduce_bytes = spec.grad_d2h_bytes  # the dtype the flat gradient is reduced and moved in
         spec.param_gather_bytes = lowp
     elif spec.name in ("zero_offload", "zero_infinity"):
         spec.grad_reduce_bytes = lowp

@@ -90,7 +90,7 @@ def train(engine, state, rank: int, world: int, steps: int, start: int = 0, clip
 
 def scenario_exact(a, rank: int, world: int) -> dict:
     base = {"optimizer": OPT, "precision": a.precision, "bucket_size": 40_000, "device_tail_buckets": a.tail,
-            "grad_accum": a.accum, "device": a.device, "rollback_mode": a.mode,
+            "grad_accum": a.accum, "device": a.device, "rollback_mode": a.mode, "grad_cast": a.grad_cast,
             "flow_layers": [int(x) for x in a.flow.split(",")] if a.flow else []}
     out = {}
     for name, extra in (("spec", {"speculation_policy": {"max_rollback_rate": 1.0}}), ("ref", {"speculation": False})):
@@ -201,6 +201,7 @@ def main() -> None:
     ap.add_argument("--device", default="host")
     ap.add_argument("--precision", default="bf16")
     ap.add_argument("--mode", default="deferred")
+    ap.add_argument("--grad-cast", default="device")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--split", type=int, default=4)
     ap.add_argument("--accum", type=int, default=1)
