@@ -369,30 +369,27 @@ def format_table(rows: list[dict[str, Any]], include_missing: bool = False) -> s
     return "\n".join(lines)
 
 
-def fig10_table(rows: list[dict[str, Any]]) -> str:
-    """Fig 10 predictions as a model x system grid (paper values MISSING)."""
+def _tflops_table(rows: list[dict[str, Any]], figure: str, chips: int | None = None) -> str:
+    """A figure's model_tflops rows as a model x system grid (OOM where the model does not fit)."""
     grid: dict[str, dict[str, str]] = {}
     for r in rows:
-        if r["figure"] == "fig10" and r["metric"] == "model_tflops":
+        if r["figure"] == figure and r["metric"] == "model_tflops" and (chips is None or r.get("chips") == chips):
             model, system = r["point"].split(" ")
             grid.setdefault(model, {})[system] = "OOM" if r["predicted"] is None else f"{r['predicted']:.0f}"
     lines = ["| model | " + " | ".join(FIG10_SYSTEMS) + " |", "|---" * (len(FIG10_SYSTEMS) + 1) + "|"]
     for model, cells in grid.items():
         lines.append(f"| {model} | " + " | ".join(cells.get(s, "") for s in FIG10_SYSTEMS) + " |")
     return "\n".join(lines)
+
+
+def fig10_table(rows: list[dict[str, Any]]) -> str:
+    """Fig 10 predictions as a model x system grid (paper values MISSING)."""
+    return _tflops_table(rows, "fig10")
 
 
 def fig11_table(rows: list[dict[str, Any]], chips: int) -> str:
     """Fig 11 predictions on ``chips`` chips as a model x system grid of model TFLOPS per chip."""
-    grid: dict[str, dict[str, str]] = {}
-    for r in rows:
-        if r["figure"] == "fig11" and r["metric"] == "model_tflops" and r.get("chips") == chips:
-            model, system = r["point"].split(" ")
-            grid.setdefault(model, {})[system] = "OOM" if r["predicted"] is None else f"{r['predicted']:.0f}"
-    lines = ["| model | " + " | ".join(FIG10_SYSTEMS) + " |", "|---" * (len(FIG10_SYSTEMS) + 1) + "|"]
-    for model, cells in grid.items():
-        lines.append(f"| {model} | " + " | ".join(cells.get(s, "") for s in FIG10_SYSTEMS) + " |")
-    return "\n".join(lines)
+    return _tflops_table(rows, "fig11", chips)
 
 
 def fig13_table(rows: list[dict[str, Any]]) -> str:
