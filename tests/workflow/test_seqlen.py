@@ -42,6 +42,7 @@ def test_smoke_sweep_has_one_sp_point_per_sp_system(results_dir):
         assert all(f in cmd for f in ("--nproc 2", "--sp 2", "--offload-checkpoints", "--bind-cores", "--seq 256"))
         assert ("--loss-tile 64" in cmd) == (system == "superoffload")
         assert "--world-size 2 --sp 2 --" in cmd  # the guard's error record carries sp too
+        assert "--timeout 3600 " in cmd  # no matrix run_timeout_s: the config's
     every = snakemake("-n", "all", "--config", f"results_dir={results_dir}", "chips_available=2").stdout
     assert _jobs(every, "bench_run_sp") == len(SP_SYSTEMS) and _jobs(every, "seqlen_figure") == 1
 
@@ -64,6 +65,7 @@ def test_gh200_fig12_points_run_only_where_the_chips_exist(results_dir, chips_av
         assert len(cmds) == len(SP_SYSTEMS) * len(FIG12_SEQS)
         assert all(f"--nproc {chips}" in c and f"--sp {chips}" in c and "--model gpt-13b" in c and "--batch 1" in c
                    and "--offload-checkpoints" in c and "--steps 3 --warmup 1" in c for c in cmds)
+        assert all("--timeout 14400 " in c for c in cmds)  # the matrix's own limit: a 1M step takes ~15 min
         assert all("numactl" not in c for c in cmds)
         assert [c for c in cmds if "--loss-tile 32768" in c] == [c for c in cmds if "--system superoffload" in c]
         assert f"runs_w{chips}/ulysses/gpt-13b_s1048576_b1_sp{chips}.json" in out

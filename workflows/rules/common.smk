@@ -141,7 +141,8 @@ def sweep_runs():
                                                loss_tile=(m.get("loss_tile") or {}).get(system),
                                                steps=config["steps_override"] or m.get("steps") or STEPS,
                                                warmup=WARMUP if config["warmup_override"] is not None
-                                               or m.get("warmup") is None else m["warmup"])
+                                               or m.get("warmup") is None else m["warmup"],
+                                               run_timeout_s=m.get("run_timeout_s") or config["run_timeout_s"])
                                 runs.append(run)
     return runs
 
@@ -238,11 +239,12 @@ def nodes_for(chips):
     return -(-int(chips) // g) if MULTINODE["enabled"] else 1
 
 
-def guard(mode, out, log, cmd, launcher=True, **meta):
+def guard(mode, out, log, cmd, launcher=True, timeout=None, **meta):
     """Shell line: run `cmd` under workflows/scripts/guard.py, which always leaves a result at `out`.
-    `launcher=False`: without the sweep's launcher prefix (multi-rank runs bind each rank themselves)."""
+    `launcher=False`: without the sweep's launcher prefix (multi-rank runs bind each rank themselves);
+    `timeout`: this command's wall-clock limit (default: the config's run_timeout_s)."""
     g = [PY, str(SCRIPTS / "guard.py"), mode, "--out", out, "--log", log,
-         "--timeout", str(config["run_timeout_s"])]
+         "--timeout", str(timeout or config["run_timeout_s"])]
     for k, v in meta.items():
         g += [f"--{k.replace('_', '-')}", str(v)]
     pre = shlex.split(LAUNCHER) if LAUNCHER and launcher else []

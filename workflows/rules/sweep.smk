@@ -86,14 +86,14 @@ rule bench_run_sp:
                                          "system_options")} | {"steps": STEPS, "warmup": WARMUP,
                                                                 "launcher": LAUNCHER, "multinode": MULTINODE,
                                                                 "points": {p: [*sequence_args(r), r["steps"],
-                                                                               r["warmup"]]
+                                                                               r["warmup"], r["run_timeout_s"]]
                                                                            for p, r in SEQLEN_BY_PATH.items()}},
         cmd=lambda wc, output: guard(
             "record", output[0],
             f"{RES}/logs/runs_w{wc.world}/{wc.system}/{wc.model}_s{wc.seq}_b{wc.batch}_sp{wc.sp}.guard.log",
             multi_cmd(wc.system, wc.model, wc.seq, wc.batch, wc.world, output[0],
                       point=SEQLEN_BY_PATH.get(output[0], {"sp": int(wc.sp)})),
-            launcher=False,
+            launcher=False, timeout=SEQLEN_BY_PATH.get(output[0], {}).get("run_timeout_s"),
             system=wc.system, model=wc.model, seq=wc.seq, batch=wc.batch, dtype=SW["dtype"],
             steps=SEQLEN_BY_PATH.get(output[0], {}).get("steps", STEPS),
             warmup=SEQLEN_BY_PATH.get(output[0], {}).get("warmup", WARMUP), world_size=wc.world, sp=wc.sp),
