@@ -78,8 +78,8 @@ BATCHES = 64  # distinct batches a measurement cycles through
 def _batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Random batches, a different one each step. On one fixed batch the degenerate model memorizes it
     within a few steps, its gradients shrink towards zero and Adam's moments into fp32 subnormals, which
-    x86 cores process many times slower (measured: a 2048-wide SuperOffload step grew from 56 to 230 ms
-    over 30 steps, against a flat 45 ms on changing batches); the validated runs never see that."""
+    x86 cores process many times slower (benchmarks/calibration_batches.py; numbers in docs/results.md);
+    the validated runs never see that."""
     g = torch.Generator().manual_seed(0)
     return [(torch.randint(0, VOCAB, (1, SEQ), generator=g), torch.randint(0, VOCAB, (1, SEQ), generator=g))
             for _ in range(BATCHES)]

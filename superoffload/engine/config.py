@@ -92,7 +92,8 @@ class SuperOffloadConfig:
     out-of-place step, commit is a swap)"""
     grad_cast: CastSide = "device"
     """"device": cast to fp32 on the device, fp32 crosses the link; "host": bf16/fp16 crosses the link
-    and the host kernel reads it (one rank only: with several, gradients are reduced in fp32)"""
+    and the host kernel reads it (with several ranks they are also reduce-scattered in bf16/fp16; with
+    "device" the reduction is in fp32)"""
     param_cast: CastSide = "host"
     """"host": the host kernel writes the bf16/fp16 copy, low precision crosses the link; "device":
     fp32 crosses the link and is cast on the device"""

@@ -73,7 +73,9 @@ def test_reducing_in_bf16_tracks_the_fp32_reduction(tmp_path):
     lowp = _exact(tmp_path / "bf16", 2, "--grad-cast", "host")[0]["losses"]
     full = _exact(tmp_path / "fp32", 2)[0]["losses"]
     assert len(lowp) == len(full) == 8
-    assert max(abs(a - b) / abs(b) for a, b in zip(lowp, full, strict=True)) < 1e-3  # measured 7.8e-5
+    worst = max(abs(a - b) / abs(b) for a, b in zip(lowp, full, strict=True))
+    print(f"bf16 vs fp32 reduction, W=2, 8 steps: max relative loss difference {worst:.2e}")
+    assert worst < 1e-3  # measured 7.8e-5 (docs/results.md)
     assert lowp != full  # the reduction really ran in another precision
 
 
