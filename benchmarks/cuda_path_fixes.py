@@ -111,12 +111,12 @@ def after(model: str, seq: int, batch: int, steps: int) -> dict:
                 c0 = eng.counters.snapshot()
             eng.backward(eng(b.inputs[0], b.targets[0]))
             if i == steps - 1 and device == "sim":
-                res["end_of_backward"] = eng.device.memory_report()["device_live"]
+                res["end_of_backward"] = eng.backend.memory_report()["device_live"]
             eng.step()
         eng.synchronize()
         c1 = eng.counters.snapshot()
         if device == "sim":
-            rep = eng.device.memory_report()
+            rep = eng.backend.memory_report()
             res["pinned_requested"] = rep["host_needed_bytes"]["pinned"]
             res["pinned_allocated"] = rep["host_allocated_bytes"]["pinned"]
             res["h2d_copies_per_step"] = c1.get("h2d_copies", 0) - c0.get("h2d_copies", 0)

@@ -9,6 +9,7 @@ of the model zoo (`MODELS`, `get_shape`).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -187,3 +188,38 @@ def get_shape(name: str) -> ModelShape:
         return MODELS[name]
     except KeyError:
         raise ValueError(f"unknown model {name!r}; choose one of: {', '.join(MODELS)}") from None
+
+
+# --- shapes of live models ----------------------------------------------------------------------
+def shape_from_hf(module: Any, name: str) -> ModelShape:
+    """A ModelShape for a transformers causal LM, from its config (see the module docstring)."""
+    cfg = module.config
+    cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    hidden = int(cfg.hidden_size)
+    heads = int(cfg.num_attention_heads)
+    names = [n for n, _ in module.named_parameters()]
+    gated = any(n.endswith(("gate_proj.weight", "gate_up_proj.weight", "w3.weight")) for n in names)
+    ffn = getattr(cfg, "intermediate_size", None) or getattr(cfg, "n_inner", None) or 4 * hidden
+    out_emb, in_emb = module.get_output_embeddings(), module.get_input_embeddings()
+    tied = out_emb is not None and in_emb is not None and out_emb.weight is in_emb.weight
+    positions = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None) or 2048
+    learned = any(("wpe" in n or "position_embeddings" in n or "embed_positions" in n) for n in names)
+    return ModelShape(name=name, layers=int(cfg.num_hidden_layers), hidden=hidden, heads=heads,
+                      vocab=int(cfg.vocab_size), ffn_hidden=int(ffn),
+                      kv_heads=int(getattr(cfg, "num_key_value_heads", None) or heads), gated_mlp=gated,
+                      tied_embeddings=tied, learned_positions=learned, max_seq=int(positions), family="hf")
+
+
+def shape_of_module(module: Any, name: str = "model") -> ModelShape | None:
+    """The ModelShape of a model object, when it says: a zoo model (its ``shape``), a transformers causal
+    LM (its config), or a wrapper holding one as ``.model`` (the harness's CausalLM, a PEFT model);
+    None for anything else."""
+    for m in (module, getattr(module, "model", None), getattr(getattr(module, "model", None), "model", None)):
+        if m is None:
+            continue
+        if isinstance(getattr(m, "shape", None), ModelShape):
+            return m.shape
+        cfg = getattr(m, "config", None)
+        if cfg is not None and hasattr(cfg, "hidden_size") and hasattr(m, "get_output_embeddings"):
+            return shape_from_hf(m, name)
+    return None

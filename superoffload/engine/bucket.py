@@ -191,9 +191,13 @@ class Bucket:
 
         self.ctx.worker.submit(run, f"bucket {self.index}: {label}")
 
-    def mark_present(self) -> None:
-        self.present = [s.param.grad is not None for s in self.slots]
+    def mark_present(self, keep: bool = False) -> set[int]:
+        """The slots whose parameter holds a gradient now (returned); `keep`: those that had one at an
+        earlier launch in this step stay present (their part is already in the reduced shard)."""
+        fresh = {s.index for s in self.slots if s.param.grad is not None}
+        self.present = [s.index in fresh or (keep and was) for s, was in zip(self.slots, self.present, strict=True)]
         self._present_idx = {s.index for s, p in zip(self.slots, self.present, strict=True) if p}
+        return fresh
 
     def present_slots(self) -> list[ParamSlot]:
         return [s for s, p in zip(self.slots, self.present, strict=True) if p]

@@ -65,10 +65,11 @@ def engine_state_dict(eng: SuperOffloadEngine) -> dict[str, Any]:
         "version": VERSION, "world_size": eng.comm.world, "rank": eng.comm.rank, "params": params,
         "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in eng.optimizer.param_groups],
         "loss_scale": eng.loss_scale.state_dict(), "global_step": eng.global_step, "micro": eng.micro,
+        "window_micros": eng._window_micros,
         # the measured gradient-arrival order, so a resumed run builds the same buckets
         "arrival_order": [eng.slots[i].name for i in eng.order], "layout_measured": eng.layout_measured,
     }
-    if eng.micro % eng.config.grad_accum:
+    if eng._window_micros:
         # mid-accumulation: the gradients of this rank's micro-batches so far (a resume continues the window)
         sd["partial_grads"] = {s.name: s.param.grad.detach().to("cpu").clone()
                                for s in eng.slots if s.param.grad is not None}
@@ -155,6 +156,7 @@ def load_engine_state_dict(eng: SuperOffloadEngine, sd: dict[str, Any] | Sequenc
         g.update(saved_g)
     eng.loss_scale.load_state_dict(sds[0]["loss_scale"])
     eng.global_step, eng.micro = int(sds[0]["global_step"]), int(sds[0]["micro"])
+    eng._window_micros = int(sds[0].get("window_micros", eng.micro % eng.config.grad_accum))
     with torch.no_grad():
         for s in eng.slots:
             s.param.grad = None
@@ -209,23 +211,34 @@ def publish_masters(eng: SuperOffloadEngine) -> None:
         for blk in eng.flow.blocks.values():
             blk.stale = True
         eng.flow.reload_resident()
-    eng.device.synchronize()
+    eng.backend.synchronize()
 
 
-def save_checkpoint(eng: SuperOffloadEngine, save_dir: str, tag: str | None, client_state: dict | None) -> str:
+def _untrained_state(eng: SuperOffloadEngine) -> dict[str, torch.Tensor]:
+    """The model's state the engine does not train: buffers and frozen parameters (what a DeepSpeed
+    checkpoint's module state adds to the optimizer's)."""
+    trained = {id(s.param) for s in eng.slots}
+    return {k: v.detach().to("cpu").clone() for k, v in eng.model.state_dict(keep_vars=True).items()
+            if id(v) not in trained}
+
+
+def save_checkpoint(eng: SuperOffloadEngine, save_dir: str, tag: str | None, client_state: dict | None,
+                    save_latest: bool = True) -> str:
     import os
 
     tag = tag or f"global_step{eng.global_step}"
     folder = os.path.join(save_dir, tag)
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, f"rank{eng.comm.rank}.pt")
-    _atomic_save({"engine": eng.state_dict(), "client_state": client_state or {}}, path)
-    if eng.comm.rank == 0:
+    _atomic_save({"engine": eng.state_dict(), "client_state": client_state or {}, "module": _untrained_state(eng)},
+                 path)
+    if eng.comm.rank == 0 and save_latest:
         _atomic_text(os.path.join(save_dir, "latest"), tag)
     return path
 
 
-def load_checkpoint(eng: SuperOffloadEngine, load_dir: str, tag: str | None) -> tuple[str, dict]:
+def load_checkpoint(eng: SuperOffloadEngine, load_dir: str, tag: str | None, weights_only: bool = False,
+                    strict: bool = True) -> tuple[str, dict]:
     import glob
     import os
 
@@ -241,13 +254,24 @@ def load_checkpoint(eng: SuperOffloadEngine, load_dir: str, tag: str | None) -> 
     if not files:
         raise FileNotFoundError(f"no checkpoint files in {folder}")
     first = torch.load(files[0], map_location="cpu", weights_only=False)
+    if weights_only:
+        blobs = [first] + [torch.load(f, map_location="cpu", weights_only=False) for f in files[1:]]
+        masters = {n: e["master"] for n, e in param_state([b["engine"] for b in blobs]).items()}
+        name_of = {id(s.param): s.name for s in eng.slots}  # a tied weight's other names load its master too
+        sd = {k: masters[name_of[id(v)]] for k, v in eng.model.state_dict(keep_vars=True).items() if id(v) in name_of}
+        eng.load_model_state_dict({**first.get("module", {}), **sd}, strict=strict)
+        return folder, first["client_state"]
     if first["engine"].get("world_size") == eng.comm.world and os.path.exists(own):
         blob = torch.load(own, map_location="cpu", weights_only=False)
         eng.load_state_dict(blob["engine"])
-        return own, blob["client_state"]
-    blobs = [torch.load(f, map_location="cpu", weights_only=False) for f in files]
-    eng.load_state_dict([b["engine"] for b in blobs])
-    return folder, blobs[0]["client_state"]
+        path = own
+    else:
+        blob = first
+        eng.load_state_dict([torch.load(f, map_location="cpu", weights_only=False)["engine"] for f in files])
+        path = folder
+    if blob.get("module"):
+        eng.model.load_state_dict(blob["module"], strict=False)
+    return path, blob["client_state"]
 
 
 def _atomic_save(obj: Any, path: str) -> None:

@@ -76,6 +76,11 @@ class Comm:
             self.log["main"].append(f"all_reduce {t.numel()}")
             dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.group)
 
+    def all_reduce_max(self, t: torch.Tensor) -> None:
+        if self.active:
+            self.log["main"].append(f"all_reduce_max {t.numel()}")
+            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+
     def all_gather(self, out: torch.Tensor, inp: torch.Tensor, worker: bool) -> Any:
         """Async all-gather of every rank's `inp` (a shard) into `out`; `worker`: issued by the host
         worker thread (its own group)."""

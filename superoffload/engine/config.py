@@ -131,7 +131,7 @@ class SuperOffloadConfig:
         elif isinstance(cfg, dict):
             out = cls.from_dict(cfg)
         elif isinstance(cfg, (str, os.PathLike)):
-            out = cls.from_dict(_load_file(Path(cfg)))
+            out = cls.from_dict(load_config_file(cfg))
         else:
             raise ConfigError(f"config must be a SuperOffloadConfig, a dict or a JSON/YAML path, "
                               f"got {type(cfg).__name__}")
@@ -145,8 +145,8 @@ class SuperOffloadConfig:
     def validate(self) -> None:
         """Value ranges and combinations (types were checked when the config was built)."""
         o = self.optimizer
-        if not o.lr > 0:
-            raise ConfigError(f"optimizer.lr must be > 0, got {o.lr}")
+        if not o.lr >= 0:  # torch.optim accepts 0 (a warm-up that starts from it)
+            raise ConfigError(f"optimizer.lr must be >= 0, got {o.lr}")
         if not all(0.0 <= b < 1.0 for b in o.betas):
             raise ConfigError(f"optimizer.betas must be two numbers in [0, 1), got {list(o.betas)}")
         if not o.eps > 0:
@@ -290,7 +290,9 @@ def _int(key: str, value: Any) -> int:
     return value
 
 
-def _load_file(path: Path) -> dict[str, Any]:
+def load_config_file(path: str | os.PathLike) -> dict[str, Any]:
+    """The mapping in a JSON or YAML config file (ConfigError when it is missing or does not parse)."""
+    path = Path(path)
     if path.is_dir():
         raise ConfigError(f"config path {path} is a directory; pass the JSON or YAML file inside it")
     if not path.exists():

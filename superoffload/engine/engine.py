@@ -52,6 +52,7 @@ from superoffload.engine.layout import BucketLayout, ParamSlot, padded_numel, pl
 from superoffload.engine.loss_scale import DynamicLossScale
 from superoffload.engine.optimizer import OffloadOptimizer
 from superoffload.engine.params import build_param_groups
+from superoffload.engine.plain_loop import PlainLoop
 from superoffload.engine.weight_flow import WeightFlow
 from superoffload.engine.worker import HostWorker
 from superoffload.options import torch_dtype
@@ -72,14 +73,25 @@ def _to_device(model: nn.Module, device: torch.device, dtype: torch.dtype) -> nn
 
 
 class SuperOffloadEngine:
+    """`optimizer`: a torch Optimizer whose param groups (the very dicts) the engine reads, as torch.optim
+    does, instead of building its own over `param_groups` (superoffload.AdamW passes itself; the DeepSpeed
+    way in, a view over the script's optimizer's groups). `drive`: "engine" (`engine.backward()` /
+    `engine.step()`) or "plain" (a plain `loss.backward()` and the optimizer's step(), plain_loop.py)."""
+
     def __init__(self, model: nn.Module, config: SuperOffloadConfig | dict | str | None = None,
-                 param_groups: Any = None, process_group: Any = None) -> None:
+                 param_groups: Any = None, process_group: Any = None, *,
+                 optimizer: torch.optim.Optimizer | None = None, drive: str = "engine") -> None:
+        if drive not in ("engine", "plain"):
+            raise ValueError(f"drive must be 'engine' or 'plain', got {drive!r}")
         cfg = SuperOffloadConfig.from_any(config)
         self.config = cfg
-        self.device = get_device(cfg.device, cfg.hbm_budget_bytes)
+        self.backend = get_device(cfg.device, cfg.hbm_budget_bytes)
         self.comm = Comm.create(process_group)
         self.dtype = torch_dtype(cfg.precision)
-        groups = build_param_groups(model, cfg, param_groups)
+        if optimizer is not None:
+            groups = build_param_groups(model, cfg, optimizer.param_groups, as_torch=True)
+        else:
+            groups = build_param_groups(model, cfg, param_groups)
         names = {id(p): n for n, p in model.named_parameters()}
         self.slots = [ParamSlot(index=i, param=p, name=names[id(p)], group=gi, numel=p.numel(), shape=p.shape)
                       for i, (gi, p) in enumerate((gi, p) for gi, g in enumerate(groups) for p in g["params"])]
@@ -93,21 +105,25 @@ class SuperOffloadEngine:
         # each moves into its bucket's host state when the bucket is created
         self._pending_master = {s.index: s.param.detach().to("cpu", torch.float32).reshape(-1).clone()
                                 for s in self.slots}
-        self.model = _to_device(model, self.device.torch_device, self.dtype)
+        self.model = _to_device(model, self.backend.torch_device, self.dtype)
         offloader = getattr(model, "activation_offloader", None)  # checkpoints in host memory (sequence/)
         if offloader is not None and hasattr(offloader, "use_device"):
-            offloader.use_device(self.device)
-        self.optimizer = OffloadOptimizer(self, groups)
+            offloader.use_device(self.backend)
+        self.optimizer: torch.optim.Optimizer = optimizer if optimizer is not None else OffloadOptimizer(self, groups)
         self.steps = [0] * len(self.slots)
         self.loss_scale = DynamicLossScale(cfg.loss_scale, enabled=cfg.precision == "fp16")
-        self.worker = HostWorker(self.device)
-        self.side_stream = self.device.new_stream("side")
-        self.d2h_stream = self.device.new_stream("d2h")
-        self.upload_stream = self.device.new_stream("upload")
+        self.worker = HostWorker(self.backend)
+        self.side_stream = self.backend.new_stream("side")
+        self.d2h_stream = self.backend.new_stream("d2h")
+        self.upload_stream = self.backend.new_stream("upload")
         self.counters = Counters()
         self.spec_counts: collections.Counter[str] = collections.Counter()
         self._recent_rollbacks: collections.deque[bool] = collections.deque(maxlen=cfg.speculation_policy.window)
-        self.micro = 0
+        self.micro = 0  # backward() calls so far
+        self._window_micros = 0  # backward() calls in the current accumulation window
+        self._boundary_override: bool | None = None  # set_gradient_accumulation_boundary()
+        self._norm: tuple[float, int] | None = None  # this step's (Σ norm², non-finite count), once reduced
+        self._step_clip: float | None = None  # a clip threshold asked for this step (clip_grad_norm_)
         self.global_step = 0
         self.last_grad_norm = float("nan")  # the global gradient norm of the last step (after unscaling)
         self.last_clip_coef = 1.0
@@ -124,7 +140,7 @@ class SuperOffloadEngine:
         self._boundary = self._speculating = self._backward_done = self._needs_zero_grad = False
         self._broken = ""
         self.ctx = BucketContext(
-            device=self.device, comm=self.comm, worker=self.worker, counters=self.counters, dtype=self.dtype,
+            device=self.backend, comm=self.comm, worker=self.worker, counters=self.counters, dtype=self.dtype,
             optimizer=cfg.optimizer, host_optimizer=cfg.host_optimizer, host_threads=cfg.host_threads,
             full_copy=cfg.rollback_mode == "full_copy", upload_stream=self.upload_stream,
             upload_staging=self._upload_staging)
@@ -132,7 +148,7 @@ class SuperOffloadEngine:
         self.flow: WeightFlow | None = None
         self._flow_buckets: list[Bucket] = []
         if cfg.flow_layers:
-            self.flow = WeightFlow(self.model, cfg, self.device, self.comm, self.worker, self.slots)
+            self.flow = WeightFlow(self.model, cfg, self.backend, self.comm, self.worker, self.slots)
             self.ctx.flow_sink = self.flow
             self.flow.check_tail_window(self.order, cfg.device_tail_buckets, cfg.bucket_size, measured=False)
             self._flow_buckets = self._create_buckets(self.flow.layouts(self.comm.world))
@@ -144,6 +160,7 @@ class SuperOffloadEngine:
         self._hooks.append(self.model.register_load_state_dict_pre_hook(EngineHook(self._before_model_load)))
         self._hooks.append(self.model._register_state_dict_hook(EngineHook(self._model_state_dict_hook)))
         self._versions = self._weight_versions()
+        self._plain: PlainLoop | None = PlainLoop(self) if drive == "plain" else None
 
     # ============================================================================================
     # layout: measured on the first step, then built once
@@ -164,10 +181,10 @@ class SuperOffloadEngine:
         created.update({id(b.layout): b for b in new})
         self.buckets = [created[id(lay)] for lay in layouts]
         self.order, self.layout_measured = order, True
-        self.norms = self.device.zeros(len(self.buckets), torch.float64, "staging")
+        self.norms = self.backend.zeros(len(self.buckets), torch.float64, "staging")
         self._ensure_ring(self.buckets)
-        if self.dtype != torch.float32 and cfg.param_cast == "device" and not self.device.shares_host_memory:
-            self._upload_stage = self.device.empty(max(b.shard_numel for b in self.buckets), torch.float32,
+        if self.dtype != torch.float32 and cfg.param_cast == "device" and not self.backend.shares_host_memory:
+            self._upload_stage = self.backend.empty(max(b.shard_numel for b in self.buckets), torch.float32,
                                                    "staging")
         self._module_buckets = {}
         for m in self.model.modules():
@@ -176,6 +193,23 @@ class SuperOffloadEngine:
             if bs:
                 self._module_buckets[m] = [self.buckets[i] for i in sorted(bs)]
         self._versions = self._weight_versions()
+
+    def reconfigure(self, updates: dict[str, Any]) -> None:
+        """Change config keys before the bucket layout is built: what a plan made at the first step sets
+        (superoffload.AdamW). Checked as at initialize, and equal on every rank."""
+        if self.layout_measured:
+            raise RuntimeError("reconfigure() after the bucket layout was built")
+        if not updates:
+            return
+        cfg = SuperOffloadConfig.from_any({**self.config.to_dict(), **updates})
+        self.comm.check_same("the engine config", {k: v for k, v in cfg.to_dict().items() if k != "host_threads"})
+        self.config = cfg
+        self.ctx.host_optimizer, self.ctx.host_threads = cfg.host_optimizer, cfg.host_threads
+        self.ctx.full_copy = cfg.rollback_mode == "full_copy"
+        self._recent_rollbacks = collections.deque(maxlen=cfg.speculation_policy.window)
+        self._check_tail_budget()
+        if self.flow is not None:
+            self.flow.check_tail_window(self.order, cfg.device_tail_buckets, cfg.bucket_size, measured=False)
 
     def _check_tail_budget(self, layouts: list[BucketLayout] | None = None) -> None:
         """Tail state must fit the device budget: checked at initialize on the provisional arrival order
@@ -189,9 +223,9 @@ class SuperOffloadEngine:
             tail = sum(padded_numel(n, self.comm.world) // self.comm.world * per_elem for n in tail_elems)
         else:
             tail = sum(lay.padded // self.comm.world * per_elem for lay in layouts if lay.on_device)
-        if tail > self.device.hbm_budget_bytes:
+        if tail > self.backend.hbm_budget_bytes:
             raise ConfigError(f"device_tail_buckets={self.config.device_tail_buckets} needs {tail} B of device "
-                              f"memory for grads + Adam state, budget is {self.device.hbm_budget_bytes} B; "
+                              f"memory for grads + Adam state, budget is {self.backend.hbm_budget_bytes} B; "
                               f"lower device_tail_buckets or bucket_size")
 
     def _create_buckets(self, layouts: list[BucketLayout]) -> list[Bucket]:
@@ -199,7 +233,7 @@ class SuperOffloadEngine:
         and the current weights; resident parameters become views of their bucket's flat device buffer."""
         if not layouts:
             return []
-        dev, cfg, comm = self.device, self.config, self.comm
+        dev, cfg, comm = self.backend, self.config, self.comm
         lowp = self.dtype != torch.float32
         grad_dtype = self._grad_dtype()
         up_dtype = self.dtype if lowp and cfg.param_cast == "host" else torch.float32
@@ -227,7 +261,7 @@ class SuperOffloadEngine:
         return [self._make_bucket(lay, reqs.get(id(lay))) for lay in layouts]
 
     def _make_bucket(self, lay: BucketLayout, req: dict[str, Any] | None) -> Bucket:
-        dev, comm = self.device, self.comm
+        dev, comm = self.backend, self.comm
         lo, hi = lay.shard(comm.rank, comm.world)
         n = hi - lo
         host = tail = None
@@ -277,7 +311,7 @@ class SuperOffloadEngine:
     def _ensure_ring(self, buckets: list[Bucket]) -> None:
         """The staging ring holds the largest host bucket's flat gradient (and, with several ranks, its
         reduced shard) on its way to the host (not needed when the device is the host and one rank)."""
-        dev, cfg, comm = self.device, self.config, self.comm
+        dev, cfg, comm = self.backend, self.config, self.comm
         need = [b for b in buckets if b.host is not None or comm.active]
         if not need or (dev.shares_host_memory and not comm.active):
             return
@@ -307,7 +341,7 @@ class SuperOffloadEngine:
     # ============================================================================================
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         self.worker.check()
-        with self.device.tracking():
+        with self.backend.tracking():
             return self.model(*args, **kwargs)
 
     def train(self, mode: bool = True) -> SuperOffloadEngine:
@@ -318,14 +352,22 @@ class SuperOffloadEngine:
         return self.train(False)
 
     @property
+    def device(self) -> torch.device:
+        """The torch device the model's weights and inputs live on (DeepSpeed's `engine.device`)."""
+        return self.backend.torch_device
+
+    @property
     def is_boundary(self) -> bool:
         """True when the next backward completes an optimizer step's gradient accumulation."""
-        return (self.micro + 1) % self.config.grad_accum == 0
+        if self._boundary_override is not None:
+            return self._boundary_override
+        return self._window_micros + 1 >= self.config.grad_accum
 
     def backward(self, loss: torch.Tensor) -> None:
         """Backward of one micro-batch's loss (divided by grad_accum, times the fp16 loss scale)."""
+        self._check_native("backward()")
         self._check_ready_for_backward()
-        dev = self.device
+        dev = self.backend
         with dev.tracking(), dev.hot_path():
             self._adopt_user_weight_changes()
             boundary = self.is_boundary
@@ -344,6 +386,7 @@ class SuperOffloadEngine:
                 self._abort_backward()
                 raise
             self.micro += 1
+            self._window_micros = 0 if boundary else self._window_micros + 1
 
     def step(self) -> bool:
         """Validate and finish the optimizer step at an accumulation boundary (a no-op between).
@@ -352,11 +395,16 @@ class SuperOffloadEngine:
         when this was not a boundary.
         """
         self._check_usable()
-        if self.micro % self.config.grad_accum != 0:
-            return False
+        self._check_native("step()")
         if not self._backward_done:
+            if self._window_micros:
+                return False  # between accumulation micro-batches, as DeepSpeed's step()
             raise RuntimeError("engine.step() at an accumulation boundary needs engine.backward() first")
-        dev = self.device
+        return self._finish_step()
+
+    def _finish_step(self) -> bool:
+        """Validation and the end of the step, once every bucket has been launched."""
+        dev = self.backend
         with dev.tracking(), dev.hot_path():
             self._adopt_user_weight_changes()
             applied = self._validate_and_apply()
@@ -374,24 +422,34 @@ class SuperOffloadEngine:
 
         After an exception in backward() this is what makes the engine usable again: the interrupted
         window is discarded as if its micro-batches had never been seen."""
-        with self.device.tracking():
+        self._check_native("zero_grad()")
+        self._drop_grads()
+        self.micro -= self._window_micros
+        self._window_micros = 0
+        self._needs_zero_grad = False
+
+    def _drop_grads(self) -> None:
+        with self.backend.tracking():
             for s in self.slots:
                 g = s.param.grad
                 if g is not None:
-                    self.device.release_grad(g, read_on=(self.side_stream,))
+                    self.backend.release_grad(g, read_on=(self.side_stream,))
                     s.param.grad = None
-        self.micro -= self.micro % self.config.grad_accum
-        self._needs_zero_grad = False
+
+    def _check_native(self, what: str) -> None:
+        if self._plain is not None:
+            raise RuntimeError(f"this engine is driven by {type(self.optimizer).__name__}: call loss.backward() and "
+                               f"the optimizer's step() / zero_grad(), not engine.{what}")
 
     def synchronize(self) -> None:
         """Wait for every host task and transfer: parameters then hold this step's values everywhere."""
-        with self.device.tracking():
+        with self.backend.tracking():
             self.worker.drain()
             for b in self.buckets:
                 if b.gather is not None:
                     self.comm.wait(b.gather)
                     b.gather = None
-            self.device.synchronize()
+            self.backend.synchronize()
 
     def close(self) -> None:
         for h in self._hooks:
@@ -401,7 +459,7 @@ class SuperOffloadEngine:
             self.worker.drain(check=False)
             if self.flow is not None:
                 self.flow.close()  # weights back on the device: the model is a plain module again
-            self.device.synchronize()
+            self.backend.synchronize()
         finally:
             self.worker.close()
 
@@ -434,6 +492,7 @@ class SuperOffloadEngine:
             b.ready = 0
         self._arrival, self._next_launch = [], 0
         self._boundary = self._speculating = self._backward_done = False
+        self._norm = self._step_clip = None
         self._needs_zero_grad = True
         if self.flow is not None:
             self.flow.end_backward()
@@ -512,15 +571,22 @@ class SuperOffloadEngine:
         return not recent or sum(recent) / len(recent) <= self.config.speculation_policy.max_rollback_rate
 
     def _on_grad(self, p: torch.Tensor) -> None:
+        idx = self._slot_of[id(p)]
+        if self._plain is not None:
+            with self.backend.tracking():
+                self._plain.on_grad(idx)
+            return
         if not self._boundary:
             return
-        idx = self._slot_of[id(p)]
         if not self.layout_measured:
             self._arrival.append(idx)
             return
-        b = self.buckets[self.slots[idx].bucket]
+        self._param_ready(self.buckets[self.slots[idx].bucket])
+
+    def _param_ready(self, b: Bucket) -> None:
+        """One more of `b`'s parameters holds its last gradient of the step: launch every bucket that is
+        complete, in bucket order (identical on every rank whatever order gradients arrive in)."""
         b.ready += 1
-        # launch in bucket order, identical on every rank whatever order gradients arrive in
         while self._next_launch < len(self.buckets):
             nxt = self.buckets[self._next_launch]
             if nxt.ready < len(nxt.slots):
@@ -528,14 +594,18 @@ class SuperOffloadEngine:
             self._launch(nxt)
             self._next_launch += 1
 
+    def _launch_remaining(self) -> None:
+        """The buckets still waiting when backward ended (parameters without a gradient), in order."""
+        for b in self.buckets[self._next_launch:]:
+            self._launch(b)
+        self._next_launch = len(self.buckets)
+
     def _finish_backward(self) -> None:
         if not self.layout_measured:
             seen = set(self._arrival)
-            with self.device.allow_sync():  # once per run: the layout is built (and broadcast) here
+            with self.backend.allow_sync():  # once per run: the layout is built (and broadcast) here
                 self._build_layout(self._arrival + [i for i in reversed(range(len(self.slots))) if i not in seen])
-        for b in self.buckets[self._next_launch:]:
-            self._launch(b)  # buckets with unused parameters, or the measuring step
-        self._next_launch = len(self.buckets)
+        self._launch_remaining()  # buckets with unused parameters, or the measuring step
         self._boundary = False
         self._backward_done = True
 
@@ -549,14 +619,14 @@ class SuperOffloadEngine:
         comm, ring = self.comm, self.ring
         if b.tail is not None and not comm.active:
             return b.tail["grad"], b.tail["grad"], None
-        if b.host is not None and self.device.shares_host_memory and not comm.active:
+        if b.host is not None and self.backend.shares_host_memory and not comm.active:
             return b.host.landing, b.host.landing, None
         assert ring is not None
         i = ring.acquire()
         flat = ring.flat[i][: b.layout.padded]
         if b.tail is not None and b.tail["grad"].dtype == flat.dtype:
             shard = b.tail["grad"]
-        elif b.tail is None and self.device.shares_host_memory:
+        elif b.tail is None and self.backend.shares_host_memory:
             shard = b.host.landing
         elif comm.active:  # a discrete device, or a tail bucket's low-precision reduction (cast after it)
             shard = ring.shard[i][: b.shard_numel]
@@ -564,27 +634,32 @@ class SuperOffloadEngine:
             shard = flat
         return flat, shard, i
 
-    def _launch(self, b: Bucket) -> None:
-        dev, comm = self.device, self.comm
+    def _launch(self, b: Bucket, carry: bool = False) -> None:
+        """The bucket's gradients to the host (or its device tail). `carry`: the bucket was launched
+        earlier in this step and its reduced shard (landing, or the tail's gradient) holds that part:
+        the new gradients are added to it (superoffload.AdamW when a step has more backward passes than
+        predicted, plain_loop.py)."""
+        dev, comm = self.backend, self.comm
         t0 = time.perf_counter()
         if dev.enabled("launch: waits for the bucket's host tasks") and not b.idle.is_set():
             self.worker.wait_event(b.idle)  # last step's tasks still read this bucket's landing buffer
             self.counters.add(launch_wait_s=time.perf_counter() - t0)
             t0 = time.perf_counter()
-        b.mark_present()
+        fresh = b.mark_present(keep=carry)
         b.launched = True
-        grads = [(s, s.param.grad) for s in b.present_slots()]
+        grads = [(s, s.param.grad) for s in b.slots if s.index in fresh]
         for _, g in grads:
             dev.adopt_grad(g)
         side = self.side_stream
         dev.wait_stream(side, dev.current_stream(), "launch: side stream waits for the gradients")
+        prev = self._carried_shard(b) if carry else None  # before the flatten or the reduction overwrite it
         flat, shard, slot = self._grad_target(b)
         if slot is not None:
             dev.wait_event(side, self.ring.free_event[slot], "launch: staging slot free")
         with dev.stream(side):
-            for s, present in zip(b.slots, b.present, strict=True):
+            for s in b.slots:
                 view = flat[s.offset: s.offset + s.numel]
-                if present:
+                if s.index in fresh:
                     view.copy_(s.param.grad.reshape(-1))  # the copy into fp32 staging is the device cast
                 else:
                     view.zero_()
@@ -592,7 +667,12 @@ class SuperOffloadEngine:
             comm.wait(comm.reduce_scatter(shard, flat))
             if b.tail is not None and shard is not b.tail["grad"]:
                 b.tail["grad"].copy_(shard)  # reduced in the training precision; the tail steps in fp32
-            dev.kernels.grad_norm_sq(shard, self.norms[b.index: b.index + 1])
+            reduced = shard
+            if prev is not None:
+                reduced = b.tail["grad"] if b.tail is not None else shard
+                reduced.add_(prev)
+                dev.hold_for(prev, (side,))  # freed when this returns: not reused before the add ran
+            dev.kernels.grad_norm_sq(reduced, self.norms[b.index: b.index + 1])
             dev.record(b.flat_ready, side, "launch: gradient flattened")
         for s, g in grads:  # autograd's gradient is consumed: its memory returns once the side stream is done
             dev.release_grad(g, read_on=(side,), point="launch: gradients freed after the side stream")
@@ -608,10 +688,23 @@ class SuperOffloadEngine:
             steps = b.steps_snapshot(self.steps)
             b.submit(lambda: b.speculate(scale, hps, steps), "speculate")
 
+    def _carried_shard(self, b: Bucket) -> torch.Tensor:
+        """A copy of the bucket's reduced shard from its earlier launch this step, on the side stream
+        (from the host landing buffer when the device is discrete)."""
+        dev, side = self.backend, self.side_stream
+        src = b.tail["grad"] if b.tail is not None else b.host.landing
+        with dev.stream(side):
+            if b.tail is None and not dev.shares_host_memory:
+                dev.wait_event(side, b.d2h_event, "carry: the earlier shard landed")
+                prev = dev.device_buffer_like(src, "staging")
+                prev.copy_(src, non_blocking=True)
+                return prev
+            return src.clone()
+
     def _land(self, b: Bucket, shard: torch.Tensor, slot: int | None) -> None:
         """The gradient shard and its norm to the host (a copy stream; nothing to copy when the device
         is the host)."""
-        dev = self.device
+        dev = self.backend
         h = b.host
         if h.landing is shard:
             with dev.stream(self.side_stream):
@@ -641,7 +734,7 @@ class SuperOffloadEngine:
     def _global_norm_sq(self) -> tuple[float, int]:
         """(Σ over buckets and ranks of the shards' squared norms, number of non-finite shards): one
         all-reduce in fp64 on the device, then the step's one host synchronization."""
-        dev = self.device
+        dev = self.backend
         dev.wait_stream(dev.current_stream(), self.side_stream, "validate: compute waits for the bucket norms")
         norms = self.norms
         finite = torch.isfinite(norms)
@@ -652,15 +745,37 @@ class SuperOffloadEngine:
             total2, nonfinite = dev.to_host(stats).tolist()
         return total2, int(nonfinite)
 
+    def _reduced_norm(self) -> tuple[float, int]:
+        """This step's global (Σ norm², non-finite count), reduced once: asked early by
+        `step_grad_norm` (a clip_grad_norm_ before step()), then used by validation."""
+        if self._norm is None:
+            self._norm = self._global_norm_sq()
+        return self._norm
+
+    def step_grad_norm(self, clip: float | None = None) -> float:
+        """This step's global gradient norm (after unscaling; nan when not finite), before step() applies
+        it; every bucket must have been launched. `clip` > 0 clips this step at that threshold too (the
+        smaller of it and `grad_clip` holds), exactly as `grad_clip` does under speculation."""
+        with self.backend.tracking():
+            total2, nonfinite = self._reduced_norm()
+        if clip is not None and clip > 0:
+            self._step_clip = clip if self._step_clip is None else min(self._step_clip, clip)
+        return math.sqrt(total2) * self._unscale() if nonfinite == 0 else float("nan")
+
     def _validate_and_apply(self) -> bool:
         t0 = time.perf_counter()
-        total2, nonfinite = self._global_norm_sq()
+        total2, nonfinite = self._reduced_norm()
+        self._norm = None
+        clip = self.config.grad_clip
+        if self._step_clip is not None:
+            clip = min(clip, self._step_clip) if clip > 0 else self._step_clip
+            self._step_clip = None
         finite = nonfinite == 0
         unscale = self._unscale()
         self.last_grad_norm = math.sqrt(total2) * unscale if finite else float("nan")
         coef = 1.0
-        if finite and self.config.grad_clip > 0:
-            coef = min(self.config.grad_clip / (self.last_grad_norm + 1e-6), 1.0)
+        if finite and clip > 0:
+            coef = min(clip / (self.last_grad_norm + 1e-6), 1.0)
         self.last_clip_coef = coef
         scale = unscale * coef
         skip = not finite and self.config.skip_nonfinite
@@ -718,7 +833,7 @@ class SuperOffloadEngine:
         """Tail buckets step on the device (compute stream, after validation): Adam on the shard, the
         shard cast into the flat weights, all-gathered across ranks."""
         t0 = time.perf_counter()
-        dev, o = self.device, self.config.optimizer
+        dev, o = self.backend, self.config.optimizer
         for b in (b for b in self.buckets if b.tail is not None):
             t = b.tail
             present = {s.index for s in b.present_slots()}
@@ -742,7 +857,7 @@ class SuperOffloadEngine:
         buckets = self._module_buckets.get(module)
         if not buckets:
             return
-        dev = self.device
+        dev = self.backend
         cur = dev.current_stream()
         for b in buckets:
             if dev.enabled("forward: waits for the upload count") and not b.uploaded.is_set():
@@ -828,15 +943,39 @@ class SuperOffloadEngine:
     def gradient_accumulation_steps(self) -> int:
         return self.config.grad_accum
 
-    def save_checkpoint(self, save_dir: str, tag: str | None = None, client_state: dict | None = None) -> str:
-        """This rank's `state_dict()` (and `client_state`) into `save_dir/tag/rank{r}.pt`, and the tag
-        into `save_dir/latest`, written atomically. Call it on every rank."""
-        return ckpt.save_checkpoint(self, save_dir, tag, client_state)
+    def save_checkpoint(self, save_dir: str, tag: str | None = None, client_state: dict | None = None,
+                        save_latest: bool = True) -> str:
+        """This rank's `state_dict()`, the model's buffers and frozen parameters, and `client_state` into
+        `save_dir/tag/rank{r}.pt` (tag default `global_step<N>`), and the tag into `save_dir/latest` (unless
+        `save_latest=False`), written atomically. Call it on every rank."""
+        return ckpt.save_checkpoint(self, save_dir, tag, client_state, save_latest)
 
-    def load_checkpoint(self, load_dir: str, tag: str | None = None) -> tuple[str, dict]:
+    def load_checkpoint(self, load_dir: str, tag: str | None = None, *, weights_only: bool = False,
+                        strict: bool = True) -> tuple[str, dict]:
         """Resume from `save_checkpoint`'s directory (the `latest` tag by default): this rank's file at
-        the same world size, every rank's files at another. Returns (path, client_state)."""
-        return ckpt.load_checkpoint(self, load_dir, tag)
+        the same world size, every rank's files at another. `weights_only`: the model's weights (the fp32
+        masters) and buffers only; the optimizer's moments and steps stay. Returns (path, client_state)."""
+        return ckpt.load_checkpoint(self, load_dir, tag, weights_only=weights_only, strict=strict)
+
+    # --- more of DeepSpeed's engine names
+    @property
+    def local_rank(self) -> int:
+        import os
+
+        return int(os.environ.get("LOCAL_RANK", "0"))
+
+    @property
+    def global_rank(self) -> int:
+        return self.comm.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.comm.world
+
+    def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
+        """Say whether the next backward() ends an accumulation window, instead of counting to grad_accum
+        (DeepSpeed's: set it before each forward/backward; the last one True, then step() once)."""
+        self._boundary_override = bool(is_boundary)
 
     @property
     def stats(self) -> dict[str, Any]:
@@ -844,6 +983,8 @@ class SuperOffloadEngine:
         host = [b for b in self.buckets if b.host is not None]
         dev = [b for b in self.buckets if b.tail is not None]
         extra = {"weight_flow": self.flow.stats()} if self.flow is not None else {}
+        if self._plain is not None:  # superoffload.AdamW: what the engine learned of the loop
+            extra["plain_loop"] = {"predicted_passes": self._plain.predicted(), "overruns": self._plain.overruns}
         tail_bytes = sum(t.numel() * t.element_size() for b in dev for t in b.tail.values())
         return {
             "buckets_host": len(host), "buckets_device": len(dev),
@@ -863,7 +1004,7 @@ class SuperOffloadEngine:
                             "rollback_time_s": c.get("rollback_s", 0.0)},
             "loss_scale": self.loss_scale.scale if self.loss_scale.enabled else None,
             "last_grad_norm": self.last_grad_norm,
-            "memory": self.device.memory_report(),
+            "memory": self.backend.memory_report(),
             "config": self.config.to_dict(),
             **extra,
         }

@@ -13,7 +13,11 @@ if TYPE_CHECKING:
 
 
 class OffloadOptimizer(torch.optim.Optimizer):
-    def __init__(self, engine: SuperOffloadEngine, groups: list[dict[str, Any]]) -> None:
+    """`groups`' dicts become this optimizer's param groups as they are (torch's add_param_group keeps the
+    dict): the DeepSpeed way in passes the script's own optimizer's groups, so a scheduler built on that
+    optimizer drives the engine. `engine` may be bound after construction."""
+
+    def __init__(self, engine: SuperOffloadEngine | None, groups: list[dict[str, Any]]) -> None:
         self._engine = engine
         super().__init__(groups, defaults={})
 

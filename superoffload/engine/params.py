@@ -6,6 +6,10 @@ entry and per-group `lr`, `betas`, `eps`, `weight_decay`. As in torch: a paramet
 group only; frozen parameters (`requires_grad=False`) in a group are never stepped, so they are left out.
 Unlike torch, a trainable parameter of the model that is in no group is an error: torch would silently
 leave it untrained while its `.grad` keeps accumulating.
+
+`as_torch=True` takes the groups of a torch Optimizer (superoffload.AdamW's) as torch.optim does: any
+extra keys, parameters of the model left out of every group (not trained, as in torch), and every group
+kept, even one left with no trainable parameter, so group indices stay the optimizer's.
 """
 
 from __future__ import annotations
@@ -21,8 +25,8 @@ from superoffload.engine.config import ConfigError, SuperOffloadConfig
 GROUP_KEYS = ("lr", "betas", "eps", "weight_decay")
 
 
-def build_param_groups(model: nn.Module, cfg: SuperOffloadConfig,
-                       groups: Iterable[Any] | None) -> list[dict[str, Any]]:
+def build_param_groups(model: nn.Module, cfg: SuperOffloadConfig, groups: Iterable[Any] | None,
+                       as_torch: bool = False) -> list[dict[str, Any]]:
     o = cfg.optimizer
     defaults = {"lr": o.lr, "betas": tuple(o.betas), "eps": o.eps, "weight_decay": o.weight_decay}
     names = {id(p): n for n, p in model.named_parameters()}
@@ -38,7 +42,7 @@ def build_param_groups(model: nn.Module, cfg: SuperOffloadConfig,
     out, seen = [], set()
     for gi, g in enumerate(raw):
         unknown = set(g) - {"params", *GROUP_KEYS}
-        if unknown:
+        if unknown and not as_torch:
             raise ConfigError(f"param group {gi}: keys {sorted(unknown)} are not supported; use "
                               f"{', '.join(GROUP_KEYS)}")
         ps = []
@@ -58,15 +62,16 @@ def build_param_groups(model: nn.Module, cfg: SuperOffloadConfig,
         values = {k: v for k, v in g.items() if k != "params"}
         if "betas" in values:
             values["betas"] = tuple(values["betas"])
-        if ps:
+        if ps or as_torch:
             out.append({**defaults, **values, "params": ps})
     left_out = [names[id(p)] for p in trainable if id(p) not in seen]
-    if left_out:
+    if left_out and not as_torch:
         raise ConfigError(f"trainable parameter(s) {', '.join(left_out[:5])}"
                           f"{f' and {len(left_out) - 5} more' if len(left_out) > 5 else ''} are in no "
                           f"parameter group: add them to a group, or freeze them with requires_grad_(False)")
-    if not out:
-        raise ConfigError("the model has no trainable parameters")
+    if not any(g["params"] for g in out):
+        raise ConfigError("the model has no trainable parameters" if groups is None else
+                          "the parameter groups hold no trainable parameter (requires_grad=True)")
     return out
 
 

@@ -29,7 +29,7 @@ import torch.nn as nn
 from superoffload.finetune.errors import FinetuneInputError
 from superoffload.finetune.tokenizer import ByteTokenizer, TextTokenizer, load_tokenizer
 from superoffload.harness.models import MODELS, build_model, count_params
-from superoffload.shapes import ModelShape
+from superoffload.shapes import ModelShape, shape_from_hf
 
 ZOO_MARKER = "superoffload_zoo"
 ZOO_WEIGHTS = "model.safetensors"
@@ -64,25 +64,6 @@ def _torch_dtype_name(value: Any) -> str | None:
     if isinstance(value, str):
         value = getattr(torch, value, None)
     return DTYPE_NAMES.get(value)
-
-
-def shape_from_hf(module: nn.Module, name: str) -> ModelShape:
-    """A ModelShape for a transformers causal LM, from its config (see the module docstring)."""
-    cfg = module.config
-    cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-    hidden = int(cfg.hidden_size)
-    heads = int(cfg.num_attention_heads)
-    names = [n for n, _ in module.named_parameters()]
-    gated = any(n.endswith(("gate_proj.weight", "gate_up_proj.weight", "w3.weight")) for n in names)
-    ffn = getattr(cfg, "intermediate_size", None) or getattr(cfg, "n_inner", None) or 4 * hidden
-    out_emb, in_emb = module.get_output_embeddings(), module.get_input_embeddings()
-    tied = out_emb is not None and in_emb is not None and out_emb.weight is in_emb.weight
-    positions = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None) or 2048
-    learned = any(("wpe" in n or "position_embeddings" in n or "embed_positions" in n) for n in names)
-    return ModelShape(name=name, layers=int(cfg.num_hidden_layers), hidden=hidden, heads=heads,
-                      vocab=int(cfg.vocab_size), ffn_hidden=int(ffn),
-                      kv_heads=int(getattr(cfg, "num_key_value_heads", None) or heads), gated_mlp=gated,
-                      tied_embeddings=tied, learned_positions=learned, max_seq=int(positions), family="hf")
 
 
 def enable_hf_checkpointing(module: nn.Module) -> None:

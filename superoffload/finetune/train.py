@@ -356,7 +356,7 @@ def train(prep: Prepared, *, stdout: TextIO | None = None, stderr: TextIO | None
         raise FinetuneInputError(f"engine config: {' '.join(str(e).split())}") from None
     restore_buffer_dtypes(engine.model, buffers)  # e.g. RoPE inv_freq stays fp32, as from_pretrained keeps it
     del buffers
-    device = engine.device
+    device = engine.backend
     dtype = torch_dtype(eng_cfg.precision)
     rec = new_record(run, loaded.shape, loaded.params, prep.rank, device.name())
     schedule = WarmupCosine(total=c.steps, warmup=prep.warmup, floor=c.min_lr_ratio)

@@ -204,6 +204,19 @@ def cpu() -> HardwareProfile:
 PRESETS = {"gh200": gh200, "h100-pcie": h100_pcie, "h200-pcie": h200_pcie, "cpu": cpu}
 
 
+def preset_for_gpu(gpu_name: str | None) -> str:
+    """The preset for a device: `gpu_name` is torch.cuda.get_device_name(), None for the CPU (or the
+    simulated device, which runs at this CPU's speed)."""
+    if gpu_name is None:
+        return "cpu"
+    name = gpu_name.upper()
+    if "GH200" in name:
+        return "gh200"
+    if "H200" in name:
+        return "h200-pcie"
+    return "h100-pcie"
+
+
 def get_profile(name_or_path: str | Path | HardwareProfile) -> HardwareProfile:
     """A preset by name, or a profile JSON written by ``calibrate``."""
     if isinstance(name_or_path, HardwareProfile):

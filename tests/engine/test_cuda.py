@@ -34,7 +34,7 @@ def test_only_transfer_buffers_are_pinned_and_weights_live_in_hbm():
     assert tail and all(t.is_cuda for b in tail for t in b.tail.values())
     assert all(b.home.is_cuda for b in engine.buckets)
     assert all(p.is_cuda and p.dtype == torch.bfloat16 for p in engine.model.parameters())
-    rep = engine.device.memory_report()
+    rep = engine.backend.memory_report()
     assert rep["host_allocated_bytes"]["pinned"] == rep["host_needed_bytes"]["pinned"]  # exact, no rounding
 
 
@@ -80,7 +80,7 @@ def test_engine_matches_host_engine_within_tolerance():
         losses[dev] = []
         for i in range(5):
             b = data.batch_at(i)
-            x, y = (t.to(engine.device.torch_device) for t in (b.inputs[0], b.targets[0]))
+            x, y = (t.to(engine.device) for t in (b.inputs[0], b.targets[0]))
             loss = engine(x, y)
             engine.backward(loss)
             engine.step()

@@ -204,7 +204,7 @@ def test_worker_failure_surfaces_in_training_thread(monkeypatch):
 
 @pytest.mark.parametrize("cfg,msg", [
     ({"bucket_sise": 10}, "unknown config key.*bucket_sise"),
-    ({"optimizer": {"lr": -1}}, "optimizer.lr must be > 0"),
+    ({"optimizer": {"lr": -1}}, "optimizer.lr must be >= 0"),
     ({"optimizer": {"beta": [0.9, 0.9]}}, "unknown config key.*optimizer.beta"),
     ({"precision": "fp8"}, "precision must be one of"),
     ({"rollback_mode": "magic"}, "rollback_mode"),

@@ -73,14 +73,14 @@ def test_sim_is_bit_identical_to_host(name, extra, accum, ac):
     cfg = {"optimizer": OPT, "bucket_size": 40_000, **SPEC, **extra}
     host, lh = run(model_fn(name, ac), {**cfg, "device": "host"}, steps, make_schedule(steps), data, accum)
     sim, ls = run(model_fn(name, ac), {**cfg, "device": "sim"}, steps, make_schedule(steps), data, accum)
-    assert sim.device.kind == "sim" and not sim.device.shares_host_memory
+    assert sim.backend.kind == "sim" and not sim.backend.shares_host_memory
     assert sim.stats["bytes"]["d2h"] > 0 and sim.stats["bytes"]["h2d"] + sim.stats.get("weight_flow", {}).get(
         "h2d_bytes_total", 0) > 0  # the discrete path really copied
     s = sim.stats["speculation"]
     assert s["rolled_back"] > 0 and s["skipped"] > 0 and s["speculated"] == steps
     assert_same_run(sim, ls, host, lh)
     if ac == "offload":  # the offloader's copies went through the simulated device's streams and events
-        assert {"checkpoint: copy to host", "checkpoint: prefetched input landed"} <= sim.device.points_seen
+        assert {"checkpoint: copy to host", "checkpoint: prefetched input landed"} <= sim.backend.points_seen
     for e in (host, sim):
         e.close()
 
@@ -120,7 +120,7 @@ def test_sim_with_torch_kernels_speculation_is_exact(monkeypatch):
     cfg = {"optimizer": OPT, "precision": "bf16", "bucket_size": 40_000, "device_tail_buckets": 2}
     spec, ls = run(model_fn(), {**cfg, **SPEC}, 10, make_schedule(10), data)
     ref, lr = run(model_fn(), {**cfg, "speculation": False}, 10, make_schedule(10), data)
-    assert spec.device.kernels.name == "torch"
+    assert spec.backend.kernels.name == "torch"
     assert_same_run(spec, ls, ref, lr)
 
 
@@ -152,7 +152,7 @@ def _train(point: str, cfg: dict, model: torch.nn.Module | None = None, steps: i
     model = model if model is not None else model_fn()()
     engine = superoffload.initialize(model, {"optimizer": OPT, "bucket_size": 40_000, "device": "sim",
                                              "precision": "bf16", **SPEC, **cfg})
-    engine.device.disabled_points.add(point)
+    engine.backend.disabled_points.add(point)
     data = batches(seq=SEQ, batch=1)
     gen = torch.Generator().manual_seed(0)
     try:
@@ -176,7 +176,7 @@ def _train(point: str, cfg: dict, model: torch.nn.Module | None = None, steps: i
                 between(engine)
         engine.synchronize()
     finally:
-        seen = set(engine.device.points_seen)
+        seen = set(engine.backend.points_seen)
         engine.close()
     return seen
 
@@ -296,7 +296,7 @@ def test_sync_on_the_hot_path_is_reported():
     model.ln_f.weight.register_post_accumulate_grad_hook(lambda p: p.grad.abs().sum().item())
     with pytest.raises(SyncOnHotPathError, match="hot path"):
         engine.backward(engine(b.inputs[0], b.targets[0]))
-    assert any("_local_scalar_dense" in c for c in engine.device.sync_calls)
+    assert any("_local_scalar_dense" in c for c in engine.backend.sync_calls)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -307,7 +307,7 @@ def test_memory_ledger_transfer_buffers_pinned_exact_and_allocated_once():
            "device_tail_buckets": 1, **SPEC}
     data = batches(seq=SEQ, batch=1)
     engine, _ = train_engine(model_fn()(), cfg, 1, data)
-    rep = engine.device.memory_report()
+    rep = engine.backend.memory_report()
     host = [b for b in engine.buckets if b.host is not None]
     # pinned: landing (fp32) + upload (bf16) + the fp64 norm per host bucket shard, nothing else
     need = sum(b.shard_numel * (4 + 2) + 8 for b in host)
@@ -322,7 +322,7 @@ def test_memory_ledger_transfer_buffers_pinned_exact_and_allocated_once():
         engine.backward(engine(bb.inputs[0], bb.targets[0]))
         engine.step()
     engine.synchronize()
-    assert engine.device.memory_report()["host_allocated_bytes"] == before
+    assert engine.backend.memory_report()["host_allocated_bytes"] == before
     engine.close()
 
 
@@ -336,7 +336,7 @@ def test_device_memory_holds_no_gradient_buffer_per_host_bucket():
         b = data.batch_at(i)
         engine.backward(engine(b.inputs[0], b.targets[0]))
         if i == 2:
-            held = engine.device.memory_report()["device_live"]
+            held = engine.backend.memory_report()["device_live"]
             assert held["grads"] == 0  # every gradient consumed
             assert all(s.param.grad is None for s in engine.slots)
         engine.step()

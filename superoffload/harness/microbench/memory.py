@@ -78,7 +78,7 @@ def measure(model: str, seq: int, batch: int, *, device: str = "sim", dtype: str
 
         enable_sequence_parallel(net, None, loss_tile=loss_tile)  # SP = 1: the tiled token-normalized loss
     engine = superoffload.initialize(net, cfg)
-    dev = engine.device
+    dev = engine.backend
     try:
         data = SyntheticData(shape.vocab, seq, batch, grad_accum=grad_accum, seed=seed)
         for i in range(warmup + steps):

@@ -41,15 +41,12 @@ HARNESS_ONLY_OPTIONS = ("data", "data_dtype", "plan", "hardware", "cast_policy")
 
 
 def hardware_for_device(device: str) -> str:
-    """Planner preset for the device the run will use."""
-    if device in ("cpu", "host", "sim") or not torch.cuda.is_available():
-        return "cpu"  # sim simulates the CUDA code path on this CPU: the CPU's numbers are the ones it runs at
-    name = torch.cuda.get_device_name().upper()
-    if "GH200" in name:
-        return "gh200"
-    if "H200" in name:
-        return "h200-pcie"
-    return "h100-pcie"
+    """Planner preset for the device the run will use (sim simulates the CUDA code path on this CPU: the
+    CPU's numbers are the ones it runs at)."""
+    from superoffload.planner.presets import preset_for_gpu
+
+    on_gpu = device not in ("cpu", "host", "sim") and torch.cuda.is_available()
+    return preset_for_gpu(torch.cuda.get_device_name() if on_gpu else None)
 
 
 def plan_for(shape: ModelShape, run: RunConfig):
@@ -120,7 +117,7 @@ class SuperOffloadSystem:
             self.seq = enable_sequence_parallel(model, group, loss_tile=run.loss_tile,
                                                 global_tokens=seqh.tokens_per_micro_batch(run))
         self.engine = initialize(model, engine_config(run, self.plan))
-        self.device = self.engine.device.torch_device
+        self.device = self.engine.device
         self.offloader = getattr(model, "activation_offloader", None)
 
     def step(self, batch: Batch) -> torch.Tensor:
