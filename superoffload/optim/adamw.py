@@ -1,0 +1,376 @@
+"""`superoffload.AdamW`: the SuperOffload engine as a `torch.optim.Optimizer`, for the loops people
+already have (a plain torch loop, Accelerate, the Hugging Face Trainer, TRL):
+
+    opt = superoffload.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1, max_grad_norm=1.0, model=model)
+    for batch in loader:
+        loss = model(**batch).loss
+        loss.backward()          # buckets leave for the host, and are stepped there, as gradients arrive
+        opt.step()               # validation (the one synchronization), then the weights return
+        opt.zero_grad()
+
+What torch.optim.AdamW does, this does: the same arguments and defaults, `param_groups` that any
+`torch.optim.lr_scheduler` drives (read at every step, so a change mid-run takes effect), weight decay
+on every parameter it is given, several `backward()` calls before `step()` summed, parameters without
+a gradient not stepped, `state_dict()` / `load_state_dict()`, closures. What it adds: the fp32 master
+weights and both moments live on the host; the host step runs during backward (speculation, validated
+exactly, docs/engine.md); `max_grad_norm` clips by the global norm under that overlap, and so does
+`torch.nn.utils.clip_grad_norm_` over the parameters it trains (optim/clip.py).
+
+The engine consumes gradients during backward, so `p.grad` is None after `backward()` for the
+parameters it trains (as under DeepSpeed ZeRO); `opt.grad_norm()` gives the step's global norm.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from superoffload.engine.config import ConfigError, SuperOffloadConfig, load_config_file
+from superoffload.engine.engine import SuperOffloadEngine
+from superoffload.optim import clip as clip_hook
+from superoffload.optim.planning import LAYOUT_KEYS, LazyPlan
+
+# options of torch.optim.AdamW's groups that this optimizer cannot honour, with what to do instead
+_REFUSED_GROUP_OPTIONS = {
+    "maximize": "negate the loss instead",
+    "capturable": "CUDA graph capture of the step is not supported (the step runs on the host)",
+    "differentiable": "the step runs on the host, outside autograd",
+}
+
+
+class _ParamHolder(nn.Module):
+    """The parameters alone, when no model is given: names for the engine's checkpoints
+    ("group{g}.{i}"), and nothing to hook."""
+
+    def __init__(self, groups: list[dict[str, Any]]) -> None:
+        super().__init__()
+        for gi, g in enumerate(groups):
+            for i, p in enumerate(g["params"]):
+                self.register_parameter(f"group{gi}_{i}", p)
+
+
+def _dtype_of(params: list[torch.Tensor]) -> str:
+    kinds = {p.dtype for p in params if p.requires_grad}
+    names = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+    if len(kinds) > 1:
+        raise ConfigError(f"the parameters have several dtypes ({', '.join(sorted(str(k) for k in kinds))}); give "
+                          f"precision='bf16' or 'fp32' to train them all in one")
+    kind = next(iter(kinds), torch.float32)
+    if kind not in names:
+        raise ConfigError(f"parameters of dtype {kind} cannot be trained; use fp32 or bf16 weights")
+    return names[kind]
+
+
+def _device_of(params: list[torch.Tensor]) -> str:
+    devices = {p.device for p in params}
+    if len(devices) > 1:
+        raise ConfigError(f"the parameters are on several devices ({', '.join(sorted(map(str, devices)))}); "
+                          f"move the model to one device first")
+    dev = next(iter(devices))
+    if dev.type == "cuda":
+        if dev.index is not None and dev.index != torch.cuda.current_device():
+            raise ConfigError(f"the parameters are on {dev} but the current CUDA device is "
+                              f"{torch.cuda.current_device()}: call torch.cuda.set_device({dev.index}) first")
+        return "cuda"
+    if dev.type != "cpu":
+        raise ConfigError(f"parameters on {dev} are not supported (cuda or cpu)")
+    return "host"
+
+
+class AdamW(torch.optim.Optimizer):
+    """torch.optim.AdamW's interface over the SuperOffload engine.
+
+    Beyond torch's arguments:
+    - `max_grad_norm`: clip by the global gradient norm (0: off), exactly, under speculation;
+    - `model`: the model the parameters belong to. With it, the next forward waits per layer for the
+      weights a step returns (without it, `step()` waits for all of them), `model.state_dict()` waits
+      for pending returns, the planner knows the model's shape, and weight flow can be used;
+    - `config`: the engine config of `superoffload.initialize` (a dict, a JSON/YAML path or a
+      SuperOffloadConfig) for everything but the optimizer's own hyper-parameters; `**options`
+      override single keys (`precision="bf16"`, `speculation=True`, `device="sim"`, ...);
+    - `plan`: fill the knobs not given from the planner for this machine and model, at the first step
+      (optim/planning.py); `hardware`: the planner's profile (a preset name or a `superoffload calibrate`
+      JSON; default: the preset of the device the parameters are on);
+    - `process_group`: the ranks to shard over (default: torch.distributed's).
+
+    Precision defaults to the parameters' dtype (bf16 weights train with fp32 masters on the host),
+    the device to theirs. fp16 weights need loss scaling, which a plain `loss.backward()` cannot get:
+    use bf16 (or `superoffload.initialize`, whose `engine.backward()` scales).
+    """
+
+    # torch's GradScaler calls step() of such an optimizer directly, after setting grad_scale/found_inf:
+    # that is how a GradScaler is detected and refused instead of silently unscaling nothing
+    _step_supports_amp_scaling = True
+
+    def __init__(self, params: Iterable[Any], lr: float | torch.Tensor = 1e-3,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 1e-2,
+                 amsgrad: bool = False, *, maximize: bool = False, foreach: bool | None = None,
+                 capturable: bool = False, differentiable: bool = False, fused: bool | None = None,
+                 max_grad_norm: float = 0.0, model: nn.Module | None = None,
+                 config: SuperOffloadConfig | dict | str | os.PathLike | None = None, plan: bool = True,
+                 hardware: str | None = None, process_group: Any = None, **options: Any) -> None:
+        lr_value = float(lr)
+        if not lr_value >= 0.0:
+            raise ValueError(f"Invalid learning rate: {lr}")
+        if not eps >= 0.0:
+            raise ValueError(f"Invalid epsilon value: {eps}")
+        for i, b in enumerate(betas):
+            if not 0.0 <= float(b) < 1.0:
+                raise ValueError(f"Invalid beta parameter at index {i}: {b}")
+        if not weight_decay >= 0.0:
+            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        if not (isinstance(max_grad_norm, (int, float)) and max_grad_norm >= 0):
+            raise ValueError(f"max_grad_norm must be a number >= 0 (0 disables clipping), got {max_grad_norm!r}")
+        defaults = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay, "amsgrad": amsgrad,
+                    "maximize": maximize, "foreach": foreach, "capturable": capturable,
+                    "differentiable": differentiable, "fused": fused}
+        self._engine: SuperOffloadEngine | None = None
+        super().__init__(params, defaults)
+        for gi, g in enumerate(self.param_groups):
+            for key, why in _REFUSED_GROUP_OPTIONS.items():
+                if g.get(key):
+                    raise ValueError(f"superoffload.AdamW: {key}=True (param group {gi}) is not supported: {why}")
+            if bool(g["amsgrad"]) != bool(amsgrad):
+                raise ValueError(f"superoffload.AdamW: param group {gi} sets amsgrad={g['amsgrad']}; amsgrad is one "
+                                 f"setting for the whole optimizer here")
+        trained = [p for g in self.param_groups for p in g["params"]]
+        explicit = self._explicit_options(config, options, max_grad_norm)
+        self.model = model
+        cfg = self._config(explicit, trained, lr_value, betas, eps, weight_decay, amsgrad, model)
+        self._plan = LazyPlan(self, explicit, enabled=plan, hardware=hardware)
+        self._engine = SuperOffloadEngine(model if model is not None else _ParamHolder(self.param_groups), cfg,
+                                          process_group=process_group, optimizer=self, drive="plain")
+        self._plan.attach(self._engine)
+        self._owned = frozenset(id(s.param) for s in self._engine.slots)
+        self._frozen = [p for p in trained if not p.requires_grad]  # torch would train them once unfrozen
+        clip_hook.install()
+        clip_hook.register(self)
+
+    # --- construction --------------------------------------------------------------------------------
+    @staticmethod
+    def _explicit_options(config: Any, options: dict[str, Any], max_grad_norm: float) -> dict[str, Any]:
+        """The engine config keys the caller gave (a file, a dict or a SuperOffloadConfig, then keywords)."""
+        if config is None:
+            base: dict[str, Any] = {}
+        elif isinstance(config, SuperOffloadConfig):
+            base = config.to_dict()
+        elif isinstance(config, dict):
+            base = dict(config)
+        elif isinstance(config, (str, os.PathLike)):
+            base = load_config_file(config)
+        else:
+            raise ConfigError(f"config must be a dict, a JSON/YAML path or a SuperOffloadConfig, got "
+                              f"{type(config).__name__}")
+        out = {**base, **options}
+        if "optimizer" in out:
+            raise ConfigError("superoffload.AdamW takes lr, betas, eps, weight_decay and amsgrad as its own "
+                              "arguments (per group in param groups, as torch.optim): remove the config's "
+                              "'optimizer' block")
+        if out.get("grad_accum", 1) != 1:
+            raise ConfigError("grad_accum: with superoffload.AdamW the loop decides accumulation (several "
+                              "backward() calls before step() sum, as in torch); remove grad_accum")
+        out.pop("grad_accum", None)
+        if max_grad_norm:
+            if out.get("grad_clip", max_grad_norm) != max_grad_norm:
+                raise ConfigError(f"max_grad_norm={max_grad_norm} and the config's grad_clip={out['grad_clip']} "
+                                  f"disagree; give one of them")
+            out["grad_clip"] = float(max_grad_norm)
+        return out
+
+    @staticmethod
+    def _config(explicit: dict[str, Any], trained: list[torch.Tensor], lr: float, betas: Any, eps: float,
+                weight_decay: float, amsgrad: bool, model: nn.Module | None) -> dict[str, Any]:
+        device = _device_of(trained)
+        if explicit.get("device") == "auto":
+            explicit = {**explicit, "device": device}
+        if explicit.get("device", "auto") not in ("auto", device) and not (
+                explicit.get("device") == "sim" and device == "host") and not (
+                explicit.get("device") == "cpu" and device == "host"):
+            raise ConfigError(f"device={explicit['device']!r} but the parameters are on "
+                              f"{'the GPU' if device == 'cuda' else 'the CPU'}: move the model first (the "
+                              f"optimizer never moves parameters)")
+        precision = explicit.get("precision") or _dtype_of(trained)
+        if precision == "fp16":
+            raise ConfigError("precision fp16 needs loss scaling, which a plain loss.backward() does not get: use "
+                              "bf16, or superoffload.initialize (engine.backward() scales the loss)")
+        if model is None:
+            if explicit.get("overlap_param_return"):
+                raise ConfigError("overlap_param_return needs model=: without the model there are no per-layer "
+                                  "forward hooks to wait on, so step() waits for every returned weight")
+            if explicit.get("flow_layers"):
+                raise ConfigError("flow_layers needs model= (weight flow hooks the model's blocks)")
+        defaults = {"device": explicit.get("device", device), "precision": precision,
+                    "overlap_param_return": model is not None}
+        return {**defaults, **explicit, "precision": precision,
+                "optimizer": {"lr": lr, "betas": [float(b) for b in betas], "eps": eps,
+                              "weight_decay": weight_decay, "adamw": True, "amsgrad": bool(amsgrad)}}
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        if self._engine is not None:
+            raise RuntimeError("superoffload.AdamW: parameter groups are fixed at construction (the engine lays "
+                               "out its buffers over them); give every group to the constructor")
+        super().add_param_group(param_group)
+
+    # --- the engine ----------------------------------------------------------------------------------
+    @property
+    def engine(self) -> SuperOffloadEngine:
+        assert self._engine is not None
+        return self._engine
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        """The engine's stats: buckets, bytes moved, host time, speculation counters, memory, config."""
+        return self.engine.stats
+
+    @property
+    def plan(self) -> Any:
+        """The planner's Plan used for this optimizer's knobs (None before the first step, or when there
+        was none to make); `plan_notes` says which knobs came from where."""
+        return self._plan.plan
+
+    @property
+    def plan_notes(self) -> list[str]:
+        return list(self._plan.notes)
+
+    def owns(self, p: torch.Tensor) -> bool:
+        """Whether `p` is one of the parameters this optimizer trains."""
+        return id(p) in self._owned
+
+    def synchronize(self) -> None:
+        """Wait for every pending weight return (needed before reading `param.data` directly after step()
+        when a model was given)."""
+        self.engine.synchronize()
+
+    def close(self) -> None:
+        """Stop the host worker and remove the engine's hooks (the parameters keep their values)."""
+        self.engine.close()
+
+    # --- torch.optim.Optimizer -----------------------------------------------------------------------
+    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+        """One optimizer step over the gradients of the backward passes since the last one (a no-op when
+        there were none, as in torch). With a closure: it is called (with grad enabled) first, and its
+        loss returned."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if hasattr(self, "found_inf") or getattr(self, "grad_scale", None) is not None:
+            raise RuntimeError("superoffload.AdamW under a torch GradScaler: the engine takes gradients during "
+                               "backward, so the scaler can neither unscale nor check them. Train in bf16 "
+                               "(precision='bf16'; Accelerate mixed_precision='bf16') without a GradScaler")
+        self._check_unfrozen()
+        e = self.engine
+        e._check_usable()
+        with torch.no_grad():
+            self._plan.before_first_step()
+            e._plain.step()
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Discard the gradients of the backward passes since the last step (torch's zero_grad).
+        set_to_none=False zeroes the gradients still held in `.grad` instead of dropping them."""
+        e = self.engine
+        if set_to_none:
+            e._plain.zero_grad()
+            return
+        with torch.no_grad():
+            held = [s.param.grad for s in e.slots if s.param.grad is not None]
+            e._plain.zero_grad(keep_grads=True)
+            for g in held:
+                g.zero_()
+
+    def grad_norm(self) -> float:
+        """This step's global gradient norm, before step() applies it (nan when not finite, 0.0 when no
+        gradient arrived): every bucket is launched now if it was not already."""
+        return float(self._clip(None))
+
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0,
+                        error_if_nonfinite: bool = False) -> torch.Tensor:
+        """`torch.nn.utils.clip_grad_norm_` over every parameter this optimizer trains: this step is
+        clipped at `max_norm` (with `max_grad_norm` also set, the smaller threshold holds) when step()
+        applies it, exactly, and the pre-clip global norm is returned."""
+        if float(norm_type) != 2.0:
+            raise ValueError(f"superoffload.AdamW clips by the L2 norm; norm_type={norm_type} is not supported")
+        norm = self._clip(float(max_norm))
+        if error_if_nonfinite and not torch.isfinite(torch.tensor(norm)):
+            raise RuntimeError("The total norm of order 2.0 for gradients from `parameters` is non-finite, so it "
+                               "cannot be clipped. To disable this error and scale the gradients by the "
+                               "non-finite norm anyway, set `error_if_nonfinite=False`")
+        return torch.tensor(norm)
+
+    def _clip(self, max_norm: float | None) -> float:
+        e = self.engine
+        e._check_usable()
+        if not e._plain.has_gradients:
+            return 0.0
+        with torch.no_grad():
+            self._plan.before_first_step()
+            e._plain.complete()
+            return e.step_grad_norm(max_norm)
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's optimizer state: fp32 masters, both moments and step counts (for this rank's shard
+        with several ranks), the param groups' hyper-parameters, the bucket layout. Before the first step
+        it holds no tensors (like torch's): the state is still the weights as given."""
+        e = self.engine
+        if e._plain.has_gradients:
+            raise RuntimeError("superoffload.AdamW.state_dict() between backward() and step(): the engine "
+                               "holds this step's gradients; call step() (or zero_grad()) first, then save")
+        groups = [{k: v for k, v in g.items() if k not in ("params", "param_names")} for g in self.param_groups]
+        if e.global_step == 0 and not e.layout_measured:
+            return {"superoffload_adamw": 1, "fresh": True, "param_groups": groups}
+        # the knobs the bucket layout was built with (the plan's, made at the first step): a resume builds the same
+        knobs = {k: getattr(e.config, k) for k in LAYOUT_KEYS}
+        return {"superoffload_adamw": 1, "fresh": False, "engine": e.state_dict(), "engine_config": knobs}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load `state_dict()` output (this rank's at the same world size, or every rank's list of them to
+        re-shard). The model's weights become the loaded fp32 masters, cast."""
+        e = self.engine
+        sds = state_dict if isinstance(state_dict, list) else [state_dict]
+        if any(not isinstance(d, dict) or "superoffload_adamw" not in d for d in sds):
+            raise ValueError("not a superoffload.AdamW state_dict (a torch.optim one cannot be loaded: it has no "
+                             "fp32 masters, and its moments are per parameter, not per shard)")
+        if sds[0]["fresh"]:
+            if e.global_step or e.layout_measured:
+                raise ValueError("this state_dict was taken before the first step and holds no optimizer state; "
+                                 "it cannot be loaded into an optimizer that has stepped")
+            for g, saved in zip(self.param_groups, sds[0]["param_groups"], strict=True):
+                g.update(saved)
+            return
+        self._plan.from_checkpoint(sds[0].get("engine_config", {}))
+        with torch.no_grad():
+            e.load_state_dict([d["engine"] for d in sds] if isinstance(state_dict, list) else sds[0]["engine"])
+
+    def __repr__(self) -> str:
+        return f"superoffload.{super().__repr__()}"
+
+    # --- torch semantics the engine would otherwise break silently ----------------------------------
+    def _check_unfrozen(self) -> None:
+        now = [p for p in self._frozen if p.requires_grad]
+        if now:
+            raise RuntimeError(f"{len(now)} parameter(s) given to superoffload.AdamW with requires_grad=False now "
+                               f"require grad; torch would train them, but the engine's buffers were laid out "
+                               f"without them. Build the optimizer after unfreezing (or include them trainable)")
+
+    def _take_clip_from_torch(self, params: list[torch.Tensor], max_norm: float, total_norm: torch.Tensor,
+                              norm_type: float, error_if_nonfinite: bool) -> None:
+        """`torch.nn.utils.clip_grad_norm_(params, max_norm)` was called over parameters this optimizer
+        trains (optim/clip.py): clip this step in the engine and make the returned norm the true one."""
+        others = [p for p in params if id(p) not in self._owned and p.grad is not None]
+        if others:
+            raise RuntimeError(f"clip_grad_norm_ over {len(others)} parameter(s) with gradients that "
+                               f"superoffload.AdamW does not train, together with ones it does: the norm would mix "
+                               f"gradients it holds with ones it cannot see. Clip them separately")
+        mine = {id(p) for p in params} & self._owned
+        if len(mine) != len(self._owned):
+            raise RuntimeError(f"clip_grad_norm_ over {len(mine)} of the {len(self._owned)} parameters "
+                               f"superoffload.AdamW trains: it clips by the norm of all of them together; pass "
+                               f"every one (e.g. model.parameters())")
+        norm = self.clip_grad_norm_(max_norm, norm_type, error_if_nonfinite)
+        with torch.no_grad():
+            total_norm.fill_(float(norm))
