@@ -374,10 +374,15 @@ class WeightFlow:
             if blk is not None:
                 self._use(blk)
             return
-        if blk is not None and blk.resident and blk.stale:
+        if blk is not None and blk.resident:
             # resident across a host step (a forward that raised before its release, a materialized()
-            # block): refetch rather than run on the old weights
-            self._release(blk)
+            # block): refetch rather than run on the old weights. A step whose host tasks have not yet
+            # reached this block's stores marks it stale only when they do: wait for them first
+            for st in blk.stores:
+                if st.bucket is not None and not st.bucket.uploaded.is_set():
+                    self.worker.wait_event(st.bucket.uploaded)
+            if blk.stale:
+                self._release(blk)
         if blk is not None and not blk.resident:
             self._fetch(blk, demand=True)
         for q in range(pos + 1, min(pos + 1 + self.prefetch, self.n_blocks)):
