@@ -136,6 +136,10 @@ def add_cli(sub: argparse._SubParsersAction) -> None:
                    help="bind each rank to its own slice of the host's cores (one NUMA node per rank when "
                         "there are enough; else equal slices by LOCAL_RANK) and give the host optimizer the "
                         "slice minus one core; the cores are in the record (docs/measurement.md)")
+    p.add_argument("--api", choices=["engine", "optimizer"], default="engine",
+                   help="superoffload only: drive the engine through its own API (engine.backward / engine.step; "
+                        "default) or as superoffload.AdamW in a plain loop (loss.backward(); opt.step(); "
+                        "opt.zero_grad()); recorded as the system option api")
     p.add_argument("--out", required=True, help="path of the JSON record to write")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=main)
@@ -148,6 +152,11 @@ def main(args: argparse.Namespace) -> int:
     options = dict(args.option)
     if args.data:
         options.update(data=args.data, data_dtype=args.data_dtype)
+    if args.api != "engine":
+        if args.system != "superoffload":
+            print(f"bench run: error: --api {args.api} is for --system superoffload", file=sys.stderr)
+            return 2
+        options["api"] = args.api
     run = RunConfig(system=args.system, model=args.model, seq=args.seq, batch=args.batch,
                     grad_accum=args.grad_accum, steps=args.steps, warmup=args.warmup, dtype=args.dtype,
                     seed=args.seed, lr=args.lr, weight_decay=args.weight_decay, grad_clip=args.grad_clip,
@@ -268,6 +277,8 @@ def child_argv(args: argparse.Namespace) -> list[str]:
         argv += ["--loss-tile", str(args.loss_tile)]
     if args.offload_checkpoints:
         argv.append("--offload-checkpoints")
+    if args.api != "engine":
+        argv += ["--api", args.api]
     for key, value in args.option:
         argv += ["-o", f"{key}={json.dumps(value)}"]
     return argv

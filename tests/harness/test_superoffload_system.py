@@ -98,3 +98,15 @@ def test_fp32_runs_keep_the_engine_casts():
     plan = _plan()
     cfg = engine_config(RunConfig(system="superoffload", dtype="fp32", device="cpu"), plan)
     assert (cfg.grad_cast, cfg.param_cast) == ("device", "host")  # nothing to cast; the engine's defaults
+
+
+def test_the_optimizer_api_measures_the_same_training_as_the_engine_api():
+    """bench run --api optimizer: superoffload.AdamW in a plain loop, the same engine config, the same bits."""
+    opts = {"speculation": True, "bucket_size": 20_000, "speculation_policy": {"max_rollback_rate": 1.0}}
+    native = _run(grad_accum=2, grad_clip=0.5, system_options=opts)
+    plain = _run(grad_accum=2, grad_clip=0.5, system_options={**opts, "api": "optimizer"})
+    assert plain["losses"] == native["losses"] and plain["run"]["system_options"]["api"] == "optimizer"
+    assert plain["system_stats"]["plain_loop"]["predicted_passes"] == 2
+    assert plain["rollbacks"]["speculated"] == 3 and plain["rollbacks"]["validate_first"] == 1
+    with pytest.raises(ValueError, match="api must be one of engine, optimizer"):
+        validate_run(RunConfig(system="superoffload", system_options={"api": "plain"}))

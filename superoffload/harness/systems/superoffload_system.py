@@ -37,7 +37,8 @@ from superoffload.harness.system import Batch, RunConfig
 from superoffload.options import CastSide, choices_of
 from superoffload.shapes import ModelShape
 
-HARNESS_ONLY_OPTIONS = ("data", "data_dtype", "plan", "hardware", "cast_policy")
+HARNESS_ONLY_OPTIONS = ("data", "data_dtype", "plan", "hardware", "cast_policy", "api")
+APIS = ("engine", "optimizer")  # -o api= / --api: engine.backward/step, or superoffload.AdamW in a plain loop
 
 
 def hardware_for_device(device: str) -> str:
@@ -101,6 +102,9 @@ class SuperOffloadSystem:
 
     @classmethod
     def validate(cls, run: RunConfig) -> dict[str, Any]:
+        api = run.system_options.get("api", "engine")
+        if api not in APIS:
+            raise ValueError(f"superoffload: api must be one of {', '.join(APIS)}, got {api!r}")
         try:
             return engine_config(run).to_dict()
         except ConfigError as e:
@@ -116,22 +120,36 @@ class SuperOffloadSystem:
             group, self.sp_ranks = seqh.sp_groups(run.sp)
             self.seq = enable_sequence_parallel(model, group, loss_tile=run.loss_tile,
                                                 global_tokens=seqh.tokens_per_micro_batch(run))
-        self.engine = initialize(model, engine_config(run, self.plan))
+        cfg = engine_config(run, self.plan)
+        self.optimizer = None
+        if run.system_options.get("api", "engine") == "optimizer":
+            self.optimizer = _plain_optimizer(model, cfg)
+            self.engine = self.optimizer.engine
+        else:
+            self.engine = initialize(model, cfg)
         self.device = self.engine.device
         self.offloader = getattr(model, "activation_offloader", None)
 
     def step(self, batch: Batch) -> torch.Tensor:
         total = torch.zeros((), device=self.device)
         n = len(batch.inputs)
+        opt = self.optimizer
         for x, y in zip(batch.inputs, batch.targets, strict=True):
             if self.seq is not None:  # this rank's chunk of every sequence of its SP group's global batch
                 x, y = self.seq.shard(x), self.seq.shard(y)
             loss = self.engine(x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True))
-            self.engine.backward(loss)
+            if opt is None:
+                self.engine.backward(loss)
+            else:  # a plain loop: the loss divided as engine.backward divides it (times 1/n)
+                (loss * (1.0 / n) if n > 1 else loss).backward()
             total += loss.detach() / n
         # no synchronize here: host commits and uploads overlap the next step's forward, exactly as in
         # training; the runner's per-step clock sees the steady-state period
-        self.engine.step()
+        if opt is None:
+            self.engine.step()
+        else:
+            opt.step()
+            opt.zero_grad()
         if self.seq is not None:  # each rank's loss is its share of the global mean: sum the shares
             return seqh.global_loss(total)
         return total
@@ -153,6 +171,24 @@ class SuperOffloadSystem:
 
     def teardown(self) -> None:
         self.engine.close()
+
+
+def _plain_optimizer(model: torch.nn.Module, cfg: SuperOffloadConfig) -> Any:
+    """superoffload.AdamW with the engine config a native run gets (its groups: the engine's default split)."""
+    from superoffload.optim import AdamW
+
+    d = cfg.to_dict()
+    o = d.pop("optimizer")
+    clip = d.pop("grad_clip")
+    d.pop("grad_accum")
+    split = d.pop("weight_decay_split")
+    trainable = [p for p in dict.fromkeys(model.parameters()) if p.requires_grad]
+    groups = ([{"params": [p for p in trainable if p.dim() >= 2]},
+               {"params": [p for p in trainable if p.dim() < 2], "weight_decay": 0.0}] if split
+              else [{"params": trainable}])
+    return AdamW([g for g in groups if g["params"]], lr=o["lr"], betas=tuple(o["betas"]), eps=o["eps"],
+                 weight_decay=o["weight_decay"], amsgrad=o["amsgrad"], max_grad_norm=clip, model=model, plan=False,
+                 config=d)
 
 
 def offload_stats(offloader: Any) -> dict[str, Any] | None:
