@@ -1,0 +1,26 @@
+"""The README's ways in are the scripts in examples/: each runs as documented (two steps here)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.ranks import REPO, rank_env
+
+EXAMPLES = {
+    "torch_loop.py": [],
+    "accelerate_loop.py": [],
+    "hf_trainer.py": ["--output-dir", "{tmp}/hf"],
+    "trl_sft.py": ["--output-dir", "{tmp}/trl"],
+    "deepspeed_script.py": ["--deepspeed_config", "examples/ds_config.json", "--save-dir", "{tmp}/ds"],
+}
+
+
+@pytest.mark.parametrize("script", sorted(EXAMPLES))
+def test_example_runs(script, tmp_path):
+    argv = [a.format(tmp=tmp_path) for a in EXAMPLES[script]]
+    res = subprocess.run([sys.executable, f"examples/{script}", "--steps", "2", *argv], cwd=REPO, env=rank_env(),
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
