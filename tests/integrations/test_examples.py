@@ -24,3 +24,16 @@ def test_example_runs(script, tmp_path):
     res = subprocess.run([sys.executable, f"examples/{script}", "--steps", "2", *argv], cwd=REPO, env=rank_env(),
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
+
+
+def test_the_readme_torch_loop_runs(tmp_path):
+    """The README's complete torch-loop snippet, as printed there."""
+    text = (REPO / "README.md").read_text()
+    section = text[text.index("**A plain torch loop**"):]
+    code = section[section.index("```python\n") + len("```python\n"):]
+    code = code[:code.index("```")]
+    script = tmp_path / "readme_loop.py"
+    script.write_text(code)
+    res = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=rank_env(), capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr[-4000:]
