@@ -410,6 +410,9 @@ def initialize(args: Any = None, model: nn.Module | None = None, optimizer: Any 
         from superoffload.engine.config import SuperOffloadConfig
         from superoffload.engine.params import build_param_groups
 
+        if "optimizer" not in st.engine:  # DeepSpeed would build no optimizer at all: never train on defaults
+            raise ConfigError("no optimizer: pass optimizer= (torch Adam/AdamW, DeepSpeedCPUAdam, FusedAdam) or give "
+                              "the DeepSpeed config an 'optimizer' block")
         groups = build_param_groups(model, SuperOffloadConfig.from_any(st.engine), model_parameters)
     line = report_ignored(st.ignored)
     if line and (not dist.is_initialized() or dist.get_rank() == 0):

@@ -305,6 +305,7 @@ class AdamW(torch.optim.Optimizer):
     def _clip(self, max_norm: float | None) -> float:
         e = self.engine
         e._check_usable()
+        self._check_unfrozen()
         if not e._plain.has_gradients:
             return 0.0
         with torch.no_grad():
@@ -351,6 +352,13 @@ class AdamW(torch.optim.Optimizer):
 
     # --- torch semantics the engine would otherwise break silently ----------------------------------
     def _check_unfrozen(self) -> None:
+        e = self.engine
+        flow = e.flow
+        moved = [s for s in e.slots if s.param.device.type != e.device.type and not (flow and flow.owns(s.param))]
+        if moved:
+            raise RuntimeError(f"parameter(s) {', '.join(s.name for s in moved[:3])} moved to {moved[0].param.device} "
+                               f"after superoffload.AdamW was built on {e.device}: build the optimizer after "
+                               f"model.to(device)")
         now = [p for p in self._frozen if p.requires_grad]
         if now:
             raise RuntimeError(f"{len(now)} parameter(s) given to superoffload.AdamW with requires_grad=False now "

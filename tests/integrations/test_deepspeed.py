@@ -249,7 +249,7 @@ def test_batch_sizes_are_derived_as_deepspeed_derives_them(given, world, expect)
                        given.get("gradient_accumulation_steps"), world) == expect
 
 
-def test_inconsistent_or_missing_batch_sizes_and_a_missing_config_are_errors():
+def test_inconsistent_or_missing_batch_sizes_a_missing_config_or_optimizer_are_errors():
     with pytest.raises(ConfigError, match="do not agree"):
         batch_sizes(10, 2, 2, 2)
     with pytest.raises(ConfigError, match="neither train_batch_size"):
@@ -258,6 +258,8 @@ def test_inconsistent_or_missing_batch_sizes_and_a_missing_config_are_errors():
 
     with pytest.raises(ConfigError, match="no DeepSpeed config"):
         superoffload.initialize(args=argparse.Namespace(deepspeed_config=None), model=make_model())
+    with pytest.raises(ConfigError, match="no optimizer"):  # DeepSpeed would build none: not the defaults
+        superoffload.initialize(model=make_model(), config={"train_batch_size": 2})
 
 
 def test_auto_values_are_filled_where_the_trainer_would_fill_them_and_refused_elsewhere():
@@ -281,7 +283,8 @@ def test_training_data_becomes_a_loader_with_the_micro_batch_and_the_collate_fn(
     model = tiny_llama()
     _, _, loader, _ = superoffload.initialize(model=model, model_parameters=model.parameters(),
                                               training_data=Alpaca(10), collate_fn=collate,
-                                              config={"train_batch_size": 4, "dataloader_drop_last": True})
+                                              config={"train_batch_size": 4, "dataloader_drop_last": True,
+                                                      "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}})
     shapes = [b.shape for b in loader]
     assert shapes == [torch.Size([4, 16])] * 2 and calls == [4, 4]
     assert isinstance(loader.sampler, torch.utils.data.DistributedSampler)

@@ -34,9 +34,10 @@ class WithSide(nn.Module):
 
 
 def train(make_opt, steps: int = 10, accum: int = 2, clip: float | None = 1.85, hook=None, seed: int = 0,
-          clip_fn=None) -> tuple[list[float], torch.optim.Optimizer, nn.Module]:
+          clip_fn=None, device_of=None) -> tuple[list[float], torch.optim.Optimizer, nn.Module]:
     model = WithSide(seed)
     opt = make_opt(model)
+    device = device_of(model) if device_of else torch.device("cpu")
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps, eta_min=1e-4)
     data = token_batches(steps * accum)
     clip_fn = clip_fn or torch.nn.utils.clip_grad_norm_
@@ -45,7 +46,7 @@ def train(make_opt, steps: int = 10, accum: int = 2, clip: float | None = 1.85, 
         if hook:
             hook(opt, i)
         for k in range(accum):
-            loss = model(data[i * accum + k], use_side=i % 2 == 1)
+            loss = model(data[i * accum + k].to(device), use_side=i % 2 == 1)
             (loss / accum).backward()
             losses.append(loss.item())
         if clip is not None:
@@ -339,6 +340,26 @@ def test_fp16_weights_a_grad_scaler_and_later_unfreezing_are_refused():
         opt.add_param_group({"params": [nn.Parameter(torch.ones(2))]})
     with pytest.raises(RuntimeError, match="not engine.backward"):
         opt.engine.backward(torch.ones(()))
+
+
+@pytest.mark.cuda
+def test_a_model_moved_after_the_optimizer_was_built_is_an_error():
+    model = WithSide()
+    opt = superoffload.AdamW(model.parameters(), model=model)
+    model.cuda()  # the same Parameter objects, now on the GPU; the engine was laid out for the host
+    with pytest.raises(RuntimeError, match="build the optimizer after model.to"):
+        opt.step()
+
+
+@pytest.mark.cuda
+def test_on_cuda_a_torch_loop_trains_as_torch_adamw(reference):
+    def make(model):
+        model.cuda()
+        return so_adamw()(model)
+
+    ref, *_ = reference
+    losses, opt, _ = train(make, device_of=lambda m: next(m.parameters()).device)
+    assert max_rel(ref, losses) < 1e-4 and opt.stats["speculation"]["speculated"] >= 8
 
 
 def test_clipping_a_subset_or_mixed_parameters_is_an_error_not_a_silent_no_op():
