@@ -9,9 +9,10 @@ import torch
 pytest.importorskip("transformers")
 from transformers import Trainer, TrainerCallback  # noqa: E402
 
+import superoffload  # noqa: E402
 from superoffload.integrations.transformers import SuperOffloadTrainer, superoffload_trainer  # noqa: E402
 from tests.integrations.scenarios import Rows, recording, trainer_arguments, trainer_run  # noqa: E402
-from tests.integrations.tiny import max_rel, tiny_llama  # noqa: E402
+from tests.integrations.tiny import decay_groups, max_rel, tiny_llama  # noqa: E402
 
 
 class StopAt(TrainerCallback):
@@ -60,6 +61,16 @@ def test_resume_from_checkpoint_continues_bit_for_bit(tmp_path):
     assert resumed.recorded == full.recorded[len(part.recorded):]
     for a, b in zip(resumed.model.parameters(), full.model.parameters(), strict=True):
         assert torch.equal(a, b)
+    # the load-after-create trap: an optimizer passed in was built before the Trainer loaded the checkpoint's
+    # weights (here on other weights altogether); its masters must come from the checkpoint anyway
+    model = tiny_llama(seed=9)
+    opt = superoffload.AdamW(decay_groups(model, 0.1), lr=3e-3, betas=(0.9, 0.95), max_grad_norm=2.0, model=model,
+                             bucket_size=20_000)
+    passed = recording(SuperOffloadTrainer)(model=model, args=trainer_arguments(tmp_path / "part", save_steps=3,
+                                                                                save_strategy="steps"),
+                                            train_dataset=Rows(), optimizers=(opt, None))
+    passed.train(resume_from_checkpoint=str(tmp_path / "part" / "checkpoint-3"))
+    assert passed.recorded == resumed.recorded
 
 
 def test_bf16_and_save_pretrained(tmp_path):
