@@ -161,6 +161,12 @@ class SuperOffloadEngine:
         self._hooks.append(self.model._register_state_dict_hook(EngineHook(self._model_state_dict_hook)))
         self._versions = self._weight_versions()
         self._plain: PlainLoop | None = PlainLoop(self) if drive == "plain" else None
+        # parameters the engine does not train that could still get a gradient: frozen when it was built
+        # (those of the optimizer's groups when a plain loop drives it, else the model's)
+        owned = {id(s.param) for s in self.slots}
+        candidates = ([p for g in optimizer.param_groups for p in g["params"]] if drive == "plain" and optimizer
+                      else list(model.parameters()))
+        self._unowned = [(names.get(id(p), "?"), p) for p in dict.fromkeys(candidates) if id(p) not in owned]
 
     # ============================================================================================
     # layout: measured on the first step, then built once
@@ -378,6 +384,7 @@ class SuperOffloadEngine:
                 if self.flow is not None:
                     self.flow.begin_backward()
                 (loss * factor if factor != 1.0 else loss).backward()
+                self._check_unowned_grads()
                 if self.flow is not None:  # before the remaining buckets launch
                     self.flow.end_backward()
                 if boundary:
@@ -427,6 +434,17 @@ class SuperOffloadEngine:
         self.micro -= self._window_micros
         self._window_micros = 0
         self._needs_zero_grad = False
+
+    def _check_unowned_grads(self) -> None:
+        """A parameter frozen when the engine was built that now has a gradient: torch (an optimizer over
+        the same parameters) would train it, the engine has no buffers for it. Never a silently growing
+        `.grad`: an error at the backward that gave it one."""
+        got = [n for n, p in self._unowned if p.grad is not None]
+        if got:
+            raise RuntimeError(f"parameter(s) {', '.join(got[:5])}{' and more' if len(got) > 5 else ''} had "
+                               f"requires_grad=False when the engine was built and now have a gradient: the engine "
+                               f"does not train them (torch's AdamW over the same parameters would). Unfreeze them "
+                               f"before building the engine or optimizer, or freeze them again and set .grad = None")
 
     def _drop_grads(self) -> None:
         with self.backend.tracking():

@@ -116,6 +116,7 @@ class PlainLoop:
             self.active.remove(task)
         if self.active:
             return  # a nested (reentrant) task: the pass goes on
+        e._check_unowned_grads()
         with e.backend.tracking():
             if e.flow is not None:
                 e.flow.end_backward()

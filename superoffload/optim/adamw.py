@@ -146,7 +146,6 @@ class AdamW(torch.optim.Optimizer):
                                           process_group=process_group, optimizer=self, drive="plain")
         self._plan.attach(self._engine)
         self._owned = frozenset(id(s.param) for s in self._engine.slots)
-        self._frozen = [p for p in trained if not p.requires_grad]  # torch would train them once unfrozen
         clip_hook.install()
         clip_hook.register(self)
 
@@ -359,11 +358,7 @@ class AdamW(torch.optim.Optimizer):
             raise RuntimeError(f"parameter(s) {', '.join(s.name for s in moved[:3])} moved to {moved[0].param.device} "
                                f"after superoffload.AdamW was built on {e.device}: build the optimizer after "
                                f"model.to(device)")
-        now = [p for p in self._frozen if p.requires_grad]
-        if now:
-            raise RuntimeError(f"{len(now)} parameter(s) given to superoffload.AdamW with requires_grad=False now "
-                               f"require grad; torch would train them, but the engine's buffers were laid out "
-                               f"without them. Build the optimizer after unfreezing (or include them trainable)")
+        e._check_unowned_grads()  # a parameter frozen at construction that got a gradient
 
     def _take_clip_from_torch(self, params: list[torch.Tensor], max_norm: float, total_norm: torch.Tensor,
                               norm_type: float, error_if_nonfinite: bool) -> None:

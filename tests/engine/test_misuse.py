@@ -242,6 +242,35 @@ def test_extra_backward_is_refused_before_any_work():
     assert_same(engine, ref)
 
 
+@pytest.mark.parametrize("device", ["host", "sim"])
+def test_a_parameter_unfrozen_after_initialize_is_an_error_at_its_first_backward(device):
+    """torch's AdamW over model.parameters() would train it from then on; the engine has no buffers for it.
+    Never a silently growing .grad: the backward that gives it a gradient raises, and zero_grad() then
+    continues as if that batch never came (bit-identical to a run that kept it frozen)."""
+    model = TinyLM()
+    model.blocks[1][1].weight.requires_grad_(False)
+    engine = superoffload.initialize(model, {"optimizer": OPT, "bucket_size": 3000, "device": device,
+                                             "speculation_policy": {"max_rollback_rate": 1.0}})
+    train(engine, 2)
+    p = model.blocks[1][1].weight
+    p.requires_grad_(True)
+    with pytest.raises(RuntimeError, match=r"blocks\.1\.1\.weight had requires_grad=False when the engine was built"):
+        engine.backward(engine(*batch(2)))
+    p.requires_grad_(False)
+    p.grad = None
+    engine.zero_grad()
+    engine.config.grad_clip = CLIP.get(3, 0.0)
+    engine.backward(engine(*batch(3)))
+    engine.step()
+    engine.synchronize()
+    ref_model = TinyLM()
+    ref_model.blocks[1][1].weight.requires_grad_(False)
+    ref = superoffload.initialize(ref_model, {"optimizer": OPT, "bucket_size": 3000, "device": device,
+                                              "speculation_policy": {"max_rollback_rate": 1.0}})
+    train(ref, 4, skip={2})
+    assert_same(engine, ref)
+
+
 # ----------------------------------------------------------------------------------------------
 # 4. weights written behind the engine's back
 # ----------------------------------------------------------------------------------------------
