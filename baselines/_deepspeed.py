@@ -180,12 +180,15 @@ class DeepSpeedSystem:
         dev = engine.device
         total = torch.zeros((), device=dev)
         n = len(batch.inputs)
+        skipped = getattr(engine, "skipped_steps", None)
         for x, y in zip(batch.inputs, batch.targets, strict=True):
             x, y = self.micro_batch(x, y)
             loss = engine(x.to(dev, non_blocking=True), y.to(dev, non_blocking=True))
             engine.backward(loss)  # DeepSpeed divides by gradient_accumulation_steps itself
             engine.step()  # an optimizer step only at the accumulation boundary
             total += loss.detach().float() / n
+        # DeepSpeed counts the steps it skipped on an fp16 overflow
+        self.last_step_skipped = None if skipped is None else engine.skipped_steps > skipped
         norm = engine.get_global_grad_norm()
         self.state.grad_norms.append(None if norm is None else float(norm))
         return self.reported_loss(total)

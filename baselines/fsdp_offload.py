@@ -83,6 +83,8 @@ class FSDPOffloadSystem:
                        "reshard_after_forward": reshard, "optimizer": "torch.optim.AdamW(fused=True)",
                        "grad_clip": run.grad_clip, "clip_impl": "baselines._clip (all-reduce of local norm²)"}
 
+    last_step_skipped = False  # torch's AdamW steps every step (a non-finite gradient reaches the weights)
+
     def step(self, batch: Batch) -> torch.Tensor:
         dev = self.device.torch_device
         n = len(batch.inputs)

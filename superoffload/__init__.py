@@ -19,7 +19,7 @@ def __getattr__(name: str):
         from superoffload.entry import initialize
 
         return initialize
-    if name in ("SuperOffloadConfig", "SuperOffloadEngine", "ConfigError", "HostWorkerError"):
+    if name in ("SuperOffloadConfig", "SuperOffloadEngine", "ConfigError", "HostWorkerError", "NonFiniteError"):
         from superoffload import engine
 
         return getattr(engine, name)

@@ -223,7 +223,18 @@ def summary_line(rec: dict) -> str:
     return (f"{head}: {tp['tokens_per_s']:.0f} tok/s per device{agg}, {tp['model_tflops']:.3f} TFLOPS, "
             f"MFU {100 * tp['mfu']:.1f}%, HFU {100 * tp['hfu']:.1f}%, step {1000 * tm['median_s']:.1f} ms "
             f"(p10-p90 {1000 * tm['p10_s']:.1f}-{1000 * tm['p90_s']:.1f}), peak {mem_s}, "
-            f"loss {rec['losses'][0]:.4f} -> {rec['losses'][-1]:.4f}")
+            f"loss {_loss_text(rec, 0)} -> {_loss_text(rec, -1)}")
+
+
+def _loss_text(rec: dict, i: int) -> str:
+    """A step's loss for the summary line: NaN/Inf ones say so (they are null in the record)."""
+    losses = rec["losses"]
+    if not losses:
+        return "-"
+    v = losses[i]
+    if v is not None:
+        return f"{v:.4f}"
+    return "nan" if (rec.get("loss_nonfinite") or [False] * len(losses))[i] else "none"
 
 
 def available_cores() -> int:

@@ -4,9 +4,10 @@ from typing import Any
 
 from superoffload.engine.config import ConfigError, SuperOffloadConfig
 from superoffload.engine.engine import SuperOffloadEngine
-from superoffload.engine.worker import HostWorkerError
+from superoffload.engine.worker import HostWorkerError, NonFiniteError
 
-__all__ = ["ConfigError", "HostWorkerError", "SuperOffloadConfig", "SuperOffloadEngine", "initialize"]
+__all__ = ["ConfigError", "HostWorkerError", "NonFiniteError", "SuperOffloadConfig", "SuperOffloadEngine",
+           "initialize"]
 
 
 def initialize(model: Any, config: Any = None, param_groups: Any = None, process_group: Any = None, *,

@@ -116,8 +116,27 @@ def param_state(sd: dict[str, Any] | Sequence[dict[str, Any]]) -> dict[str, dict
     return out
 
 
+def check_state_values(sds: Sequence[dict[str, Any]]) -> None:
+    """Masters and moments finite, second moments >= 0: a damaged or poisoned state is an error before it
+    is loaded (it would skip every step, or train from garbage)."""
+    for d in sds:
+        for name, e in d["params"].items():
+            for k in STATE_KEYS:
+                t = e.get(k)
+                if t is None:
+                    continue
+                bad = int((~torch.isfinite(t)).sum())
+                if k in ("exp_avg_sq", "max_exp_avg_sq"):
+                    bad += int((t < 0).sum())
+                if bad:
+                    raise ValueError(f"the optimizer state of {name} (rank {d.get('rank', 0)}) holds {bad} "
+                                     f"{'non-finite' if k in ('master', 'exp_avg') else 'non-finite or negative'} "
+                                     f"{k} value(s): the checkpoint is damaged")
+
+
 def load_engine_state_dict(eng: SuperOffloadEngine, sd: dict[str, Any] | Sequence[dict[str, Any]]) -> None:
     sds = _as_list(sd)
+    check_state_values(sds)
     names = {s.name for s in eng.slots}
     saved = set(sds[0]["params"])
     missing, unexpected = names - saved, saved - names

@@ -53,6 +53,9 @@ class LossScaleConfig:
     backoff_factor: float = 0.5
     growth_interval: int = 2000
     min_scale: float = 1.0
+    raise_at_min_scale: bool = True
+    """a step that overflows with the scale already at min_scale raises NonFiniteError (DeepSpeed's
+    raise_error_at_min_scale): the loss scale cannot rescue it"""
 
 
 @dataclass(kw_only=True)
@@ -99,6 +102,9 @@ class SuperOffloadConfig:
     fp32 crosses the link and is cast on the device"""
     skip_nonfinite: bool = True
     """a NaN/Inf anywhere skips the whole step (all precisions)"""
+    max_consecutive_skips: int = 16
+    """this many steps in a row skipped for non-finite gradients make step() raise NonFiniteError (the run
+    is not training); 0 never raises"""
     loss_scale: LossScaleConfig = field(default_factory=LossScaleConfig)
     weight_decay_split: bool = True
     """default param groups: matrices decay; biases, norms and other 1-D params do not"""
@@ -161,6 +167,9 @@ class SuperOffloadConfig:
             raise ConfigError(f"grad_clip must be >= 0 (0 disables clipping), got {self.grad_clip}")
         if self.grad_accum < 1:
             raise ConfigError(f"grad_accum must be an integer >= 1, got {self.grad_accum}")
+        if self.max_consecutive_skips < 0:
+            raise ConfigError(f"max_consecutive_skips must be an integer >= 0 (0: never raise), got "
+                              f"{self.max_consecutive_skips}")
         if self.staging_buffers < 1:
             raise ConfigError(f"staging_buffers must be an integer >= 1, got {self.staging_buffers}")
         if self.host_optimizer != "grace" and o.amsgrad:

@@ -54,11 +54,24 @@ from superoffload.engine.optimizer import OffloadOptimizer
 from superoffload.engine.params import build_param_groups
 from superoffload.engine.plain_loop import PlainLoop
 from superoffload.engine.weight_flow import WeightFlow
-from superoffload.engine.worker import HostWorker
+from superoffload.engine.worker import HostWorker, NonFiniteError
 from superoffload.options import torch_dtype
 from superoffload.packing import pack_whole_tensors, tail_start
 
 log = logging.getLogger(__name__)
+
+
+def _check_finite_weights(slots: list[ParamSlot]) -> None:
+    """A NaN/Inf weight can never train (every step would be skipped, or poison the state): refuse it."""
+    bad = []
+    with torch.no_grad():
+        for s in slots:
+            n = int((~torch.isfinite(s.param)).sum()) if s.param.is_floating_point() else 0
+            if n:
+                bad.append(f"{s.name} ({n} of {s.numel})")
+    if bad:
+        raise ValueError(f"non-finite weights (NaN/Inf) in {', '.join(bad[:5])}{' and more' if len(bad) > 5 else ''}: "
+                         f"the model cannot be trained from them; load or initialize finite weights")
 
 
 def _to_device(model: nn.Module, device: torch.device, dtype: torch.dtype) -> nn.Module:
@@ -101,6 +114,7 @@ class SuperOffloadEngine:
         # everything that shapes the collectives (bucketing, tail, flow, casting, precision) must agree;
         # host_threads may differ (each rank's share of its host's cores)
         self.comm.check_same("the engine config", {k: v for k, v in cfg.to_dict().items() if k != "host_threads"})
+        _check_finite_weights(self.slots)
         # fp32 masters come from the weights as given, before the device copy is cast to `precision`;
         # each moves into its bucket's host state when the bucket is created
         self._pending_master = {s.index: s.param.detach().to("cpu", torch.float32).reshape(-1).clone()
@@ -126,6 +140,9 @@ class SuperOffloadEngine:
         self._step_clip: float | None = None  # a clip threshold asked for this step (clip_grad_norm_)
         self.global_step = 0
         self.last_grad_norm = float("nan")  # the global gradient norm of the last step (after unscaling)
+        self.last_step_applied: bool | None = None  # False: the last step was skipped (non-finite gradients)
+        self._skips_in_row = 0
+        self._nonfinite_error = ""
         self.last_clip_coef = 1.0
         self.layout_measured = False
         self.order = list(reversed(range(len(self.slots))))  # provisional: the usual arrival order
@@ -418,10 +435,14 @@ class SuperOffloadEngine:
             self.optimizer._opt_called = True  # tell torch LR schedulers an optimizer step happened
             self._backward_done = False
             self.global_step += 1
+            self.last_step_applied = applied
             if self.flow is not None:
                 self.flow.end_step()
         if not self.config.overlap_param_return:
             self.synchronize()
+        if self._nonfinite_error:  # the skipped step is complete: the engine stays usable
+            msg, self._nonfinite_error = self._nonfinite_error, ""
+            raise NonFiniteError(msg)
         return applied
 
     def zero_grad(self) -> None:
@@ -819,10 +840,28 @@ class SuperOffloadEngine:
             for b in self.buckets:
                 for s in b.present_slots():
                     self.steps[s.index] += 1
+        self._note_nonfinite(skip)
         self.loss_scale.update(found_nonfinite=not finite)
         self._recent_rollbacks.append(needs_rollback)
         self._count(speculated, skip, coef != 1.0, needs_rollback)
         return not skip
+
+    def _note_nonfinite(self, skipped: bool) -> None:
+        """Skipped steps are loud when they go on: NonFiniteError after `max_consecutive_skips` in a row, or at
+        once for an fp16 overflow with the loss scale already at its minimum (raised by step() when done)."""
+        self._skips_in_row = self._skips_in_row + 1 if skipped else 0
+        cfg, ls = self.config, self.loss_scale
+        limit = cfg.max_consecutive_skips
+        if skipped and ls.enabled and cfg.loss_scale.raise_at_min_scale and ls.scale <= cfg.loss_scale.min_scale:
+            self._nonfinite_error = (f"step {self.global_step + 1}: fp16 gradients overflow with the loss scale at "
+                                     f"its minimum ({ls.scale:g}): the weights or the data hold NaN/Inf, or the "
+                                     f"learning rate is too high (set loss_scale.raise_at_min_scale: false to keep "
+                                     f"skipping)")
+        elif limit and self._skips_in_row >= limit:
+            self._nonfinite_error = (f"{self._skips_in_row} consecutive optimizer steps (to step "
+                                     f"{self.global_step + 1}) had non-finite gradients (NaN/Inf) and were skipped: "
+                                     f"the weights are unchanged since; the data or the weights hold NaN/Inf, or the "
+                                     f"learning rate is too high (max_consecutive_skips: {limit}; 0 never raises)")
 
     @staticmethod
     def _decide(spec: Speculation, skip: bool, finite: bool, scale: float,

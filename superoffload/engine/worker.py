@@ -26,6 +26,11 @@ class HostWorkerError(RuntimeError):
     """Raised in the training thread when a host task failed."""
 
 
+class NonFiniteError(RuntimeError):
+    """Steps keep failing on non-finite gradients (or fp16 overflows at the minimum loss scale): the run is
+    not training. Raised by step() after the skipped step is complete, so the engine stays usable."""
+
+
 class HostWorker:
     def __init__(self, device: Device, name: str = "superoffload-host") -> None:
         self._device = device

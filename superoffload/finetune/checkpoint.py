@@ -210,10 +210,14 @@ def save_final(loaded: LoadedModel, engine_state: dict[str, Any], out: str | Pat
     """``DIR/final``: the trained weights in ``dtype`` and the tokenizer, written to a temporary directory
     and renamed. Call after ``engine.synchronize()`` (``engine.state_dict()`` does it)."""
     final = Path(out) / FINAL
+    sd = final_state_dict(loaded.module, engine_state, dtype)
+    bad = [k for k, v in sd.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+    if bad:
+        raise ValueError(f"{final} not written: the trained weights hold NaN/Inf in {', '.join(bad[:3])}"
+                         f"{' and more' if len(bad) > 3 else ''} (the last checkpoint holds the fp32 masters)")
     tmp = Path(out) / f".{FINAL}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    sd = final_state_dict(loaded.module, engine_state, dtype)
     if loaded.kind == "hf":
         cfg = loaded.module.config
         attr = "dtype" if hasattr(cfg, "dtype") else "torch_dtype"

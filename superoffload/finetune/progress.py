@@ -39,16 +39,20 @@ class Progress:
         flops = tps * self.flops_per_token
         return tps, flops / 1e12, flops / self.peak
 
-    def update(self, step: int, loss: float, lr: float, step_s: float) -> None:
-        """After optimizer step ``step`` (1-based, of the whole run) took ``step_s`` seconds."""
+    def update(self, step: int, loss: float | None, lr: float, step_s: float, skipped: bool = False) -> None:
+        """After optimizer step ``step`` (1-based, of the whole run) took ``step_s`` seconds. ``loss`` None: no
+        learned token; ``skipped``: the optimizer skipped the step (non-finite gradients)."""
         if not self.enabled:
             return
         if step - self.start > self.warmup:
             self.window_s += step_s
             self.window_steps += 1
         tp = self.throughput()
+        text = "-" if loss is None else f"{loss:.4f}"
+        if skipped:
+            text += " (step skipped: non-finite gradients)"
         if self.bar is not None:
-            post = {"loss": f"{loss:.4f}"}
+            post = {"loss": text}
             if tp is None:
                 post["tok/s"] = "warm-up"
             else:
@@ -62,7 +66,7 @@ class Progress:
         if step % self.log_every == 0 or step == self.total:
             perf = ("tokens/s -, TFLOPS -, MFU - (warm-up)" if tp is None
                     else f"tokens/s {tp[0]:.0f}, TFLOPS {tp[1]:.3g}, MFU {100 * tp[2]:.1f}%")
-            print(f"step {step}/{self.total}: loss {loss:.4f}, lr {lr:.3g}, {perf}", file=self.stream, flush=True)
+            print(f"step {step}/{self.total}: loss {text}, lr {lr:.3g}, {perf}", file=self.stream, flush=True)
             self._reset()
 
     def _reset(self) -> None:

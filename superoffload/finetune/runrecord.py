@@ -51,11 +51,18 @@ def new_record(run: RunConfig, shape: ModelShape, params: int, rank: int, device
     }
 
 
-def finish_record(rec: dict[str, Any], *, run: RunConfig, shape: ModelShape, losses: list[float],
+def finish_record(rec: dict[str, Any], *, run: RunConfig, shape: ModelShape, losses: list[float | None],
                   times: list[float], warmup: int, peak_flops: tuple[float, str] | None,
-                  peak_device_bytes: int | None) -> dict[str, Any]:
-    """Fill losses, timing, throughput and memory; validate against the schema."""
-    rec["losses"] = [v if v == v and abs(v) != float("inf") else None for v in losses]
+                  peak_device_bytes: int | None, skipped: list[bool] | None = None) -> dict[str, Any]:
+    """Fill losses (None: no learned token; NaN/Inf: marked in ``loss_nonfinite``), the skipped steps,
+    timing, throughput and memory; a run that skipped most steps is an error; validate against the schema."""
+    finite = [v is not None and v == v and abs(v) != float("inf") for v in losses]
+    rec["losses"] = [v if ok else None for v, ok in zip(losses, finite, strict=True)]
+    rec["loss_nonfinite"] = [v is not None and not ok for v, ok in zip(losses, finite, strict=True)]
+    rec["step_skipped"] = skipped
+    verdict = record.nonfinite_verdict(skipped)
+    if verdict and rec["status"] == "ok":
+        rec["status"], rec["error"] = "error", verdict
     rec["memory"] = {"peak_device_bytes": peak_device_bytes, "peak_host_rss_bytes": host_peak_rss()}
     timed = times[warmup:]
     if rec["status"] == "ok" and timed:

@@ -220,6 +220,7 @@ def prepare(c: FinetuneConfig) -> Prepared:
         torch.set_num_threads(c.threads)
 
     loaded = load_model(c.model, seed=c.seed, activation_checkpointing=c.activation_checkpointing)
+    _check_finite_model(loaded.module, c.model)
     shape = loaded.shape
     if c.max_length is not None and c.max_length > loaded.max_positions:
         raise FinetuneInputError(f"--max-length {c.max_length} exceeds the model's max positions "
@@ -272,6 +273,15 @@ def prepare(c: FinetuneConfig) -> Prepared:
     return prep
 
 
+def _check_finite_model(module: torch.nn.Module, source: str) -> None:
+    """NaN/Inf weights would make every step skip (a no-op fine-tune): an input error before training."""
+    bad = [f"{n} ({int((~torch.isfinite(p)).sum())} values)" for n, p in module.named_parameters()
+           if p.is_floating_point() and not bool(torch.isfinite(p).all())]
+    if bad:
+        raise FinetuneInputError(f"--model {source}: non-finite weights (NaN/Inf) in {', '.join(bad[:3])}"
+                                 f"{' and more' if len(bad) > 3 else ''}; a fine-tune cannot start from them")
+
+
 def _check_resume(prep: Prepared) -> None:
     trainer = torch.load(prep.resume_from / ckpt.TRAINER_FILE, map_location="cpu", weights_only=True)
     saved = dict(trainer.get("settings", {}))
@@ -310,10 +320,10 @@ def learned_tokens(batches: list[tuple[torch.Tensor, torch.Tensor]]) -> int:
     return sum(int((y[:, 1:] != IGNORE).sum()) for _, y in batches)
 
 
-def _trainer_state(prep: Prepared, step: int, sched: Any, losses: list[float], module: torch.nn.Module,
-                   ) -> dict[str, Any]:
+def _trainer_state(prep: Prepared, step: int, sched: Any, losses: list[float | None], skipped: list[bool],
+                   module: torch.nn.Module) -> dict[str, Any]:
     return {"version": 1, "step": step, "scheduler": sched.state_dict(), "rng": ckpt.rng_state(),
-            "losses": list(losses), "settings": prep.settings, "data": {"next_step": step,
+            "losses": list(losses), "skipped": list(skipped), "settings": prep.settings, "data": {"next_step": step,
                                                                         "sha256": prep.rows.info["sha256"]},
             "buffers": ckpt.model_buffers(module)}
 
@@ -361,7 +371,8 @@ def train(prep: Prepared, *, stdout: TextIO | None = None, stderr: TextIO | None
     rec = new_record(run, loaded.shape, loaded.params, prep.rank, device.name())
     schedule = WarmupCosine(total=c.steps, warmup=prep.warmup, floor=c.min_lr_ratio)
     sched = make_scheduler(engine.optimizer, schedule)
-    losses: list[float] = []
+    losses: list[float | None] = []  # None: no learned token in the step; NaN: the loss was not finite
+    skipped: list[bool] = []  # the optimizer skipped the step (non-finite gradients)
     start = 0
     if prep.resume_from is not None:
         engine_state, trainer = ckpt.load_checkpoint(prep.resume_from, prep.rank, prep.world)
@@ -371,6 +382,7 @@ def train(prep: Prepared, *, stdout: TextIO | None = None, stderr: TextIO | None
         ckpt.load_model_buffers(engine.model, trainer["buffers"])
         ckpt.set_rng_state(trainer["rng"])
         losses, start = list(trainer["losses"]), int(trainer["step"])
+        skipped = list(trainer.get("skipped", [False] * start))
     end = c.stop_after or c.steps
     ran = end - start
     warm = min(c.timing_warmup, max(0, ran - 1))
@@ -411,20 +423,23 @@ def train(prep: Prepared, *, stdout: TextIO | None = None, stderr: TextIO | None
                 s = step_loss_parts(loaded.logits(engine, x), y)
                 engine.backward(s * (ga / total))
                 acc += s.detach().double()
-            engine.step()
+            try:
+                engine.step()
+            finally:  # a NonFiniteError still ends a complete (skipped) step: record it
+                skipped.append(engine.last_step_applied is False)
             sched.step()
             acc = _sum_over_ranks(acc, prep.world, dev)
-            loss = float(acc) / learned if learned else float("nan")  # no learned token: null in the record
+            loss = float(acc) / learned if learned else None  # no learned token: null in the record
             device.synchronize()
             times.append(time.perf_counter() - t0)
             telemetry.mark_step(step)
             losses.append(loss)
-            progress.update(step + 1, loss, lr, times[-1])
+            progress.update(step + 1, loss, lr, times[-1], skipped=skipped[-1])
             done = step + 1
             if done != end and c.save_every and done % c.save_every == 0:
-                _checkpoint(prep, engine, sched, losses, done, main)
+                _checkpoint(prep, engine, sched, losses, skipped, done, main)
         step = end
-        _checkpoint(prep, engine, sched, losses, end, main)
+        _checkpoint(prep, engine, sched, losses, skipped, end, main)
         final_dir = None
         if end == c.steps:
             states = _gather_on_rank0(engine.state_dict(), prep.world)
@@ -452,7 +467,7 @@ def train(prep: Prepared, *, stdout: TextIO | None = None, stderr: TextIO | None
     rec["rollbacks"] = stats.get("speculation")
     rec["plan"] = stats["plan"]
     finish_record(rec, run=run, shape=loaded.shape, losses=losses, times=times, warmup=warm, peak_flops=peak,
-                  peak_device_bytes=device.peak_memory_bytes())
+                  peak_device_bytes=device.peak_memory_bytes(), skipped=skipped)
     if main:
         from superoffload.harness.record import write_record
 
@@ -460,9 +475,10 @@ def train(prep: Prepared, *, stdout: TextIO | None = None, stderr: TextIO | None
     return rec
 
 
-def _checkpoint(prep: Prepared, engine: Any, sched: Any, losses: list[float], step: int, main: bool) -> None:
+def _checkpoint(prep: Prepared, engine: Any, sched: Any, losses: list[float | None], skipped: list[bool], step: int,
+                main: bool) -> None:
     state = engine.state_dict()  # synchronizes the engine's host tasks first
-    trainer = _trainer_state(prep, step, sched, losses, engine.model) if main else {}
+    trainer = _trainer_state(prep, step, sched, losses, skipped, engine.model) if main else {}
     barrier = None
     if prep.world > 1:
         import torch.distributed as dist

@@ -33,6 +33,23 @@ SCHEMA_FILES = {"run": "record.schema.json", "adam_bench": "adam_bench.schema.js
 SCHEMA_PATH = Path(__file__).with_name(SCHEMA_FILES["run"])
 
 
+# a run whose optimizer skipped more than this share of its steps (non-finite gradients) did not train
+MAX_SKIPPED_SHARE = 0.5
+MIN_STEPS_FOR_SHARE = 4
+
+
+def nonfinite_verdict(skipped: list[bool] | None) -> str | None:
+    """Why a run whose steps were mostly skipped is not ok (None when it is): the record's status turns
+    to error with this message, so a run that never trained is never reported as one that did."""
+    if not skipped or len(skipped) < MIN_STEPS_FOR_SHARE:
+        return None
+    n = sum(bool(x) for x in skipped)
+    if n <= MAX_SKIPPED_SHARE * len(skipped):
+        return None
+    return (f"non-finite: {n} of {len(skipped)} optimizer steps were skipped (NaN/Inf gradients): the weights "
+            f"hardly changed; the data or the weights hold NaN/Inf, or the learning rate is too high")
+
+
 def schema_path(kind: str = "run") -> Path:
     if kind not in SCHEMA_FILES:
         raise ValueError(f"unknown result kind {kind!r}; known: {', '.join(SCHEMA_FILES)}")

@@ -220,6 +220,8 @@ def run_benchmark(run: RunConfig, progress: Callable[[int, int, float], None] | 
     system = None
     times: list[float] = []
     losses: list[float | None] = []
+    nonfinite: list[bool] = []
+    skipped: list[bool] | None = []
     try:
         model = build_model(shape, seq=run.seq, seed=run.seed, activation_checkpointing=run.checkpointing_mode)
         rec["model"]["params"] = count_params(model)
@@ -245,7 +247,11 @@ def run_benchmark(run: RunConfig, progress: Callable[[int, int, float], None] | 
             times.append(time.perf_counter() - t0)
             telemetry.mark_step(i)
             lv = float(loss.detach().float().cpu())
-            losses.append(lv if lv == lv and abs(lv) != float("inf") else None)
+            finite = lv == lv and abs(lv) != float("inf")
+            losses.append(lv if finite else None)
+            nonfinite.append(not finite)
+            flag = getattr(system, "last_step_skipped", None)
+            skipped = None if skipped is None or flag is None else [*skipped, bool(flag)]
             if progress:
                 progress(i + 1, total, lv)
         rec["system_stats"] = system.stats()
@@ -261,6 +267,11 @@ def run_benchmark(run: RunConfig, progress: Callable[[int, int, float], None] | 
             except Exception as e:  # noqa: BLE001
                 log.warning("teardown failed: %s", e)
     rec["losses"] = losses
+    rec["loss_nonfinite"] = nonfinite  # a null loss above is NaN/Inf where this is true
+    rec["step_skipped"] = skipped  # per step: the optimizer skipped it (None: the system cannot say)
+    verdict = record.nonfinite_verdict(skipped)
+    if verdict and rec["status"] == "ok":
+        rec["status"], rec["error"] = "error", verdict
     rec["memory"] = {"peak_device_bytes": device.peak_memory_bytes(), "peak_host_rss_bytes": _host_peak_rss()}
     rec["telemetry"] = telemetry.summary(timed_from_step=run.warmup)
     if rec["system_stats"]:

@@ -150,6 +150,7 @@ class SuperOffloadSystem:
         else:
             opt.step()
             opt.zero_grad()
+        self.last_step_skipped = self.engine.last_step_applied is False
         if self.seq is not None:  # each rank's loss is its share of the global mean: sum the shares
             return seqh.global_loss(total)
         return total

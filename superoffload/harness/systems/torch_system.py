@@ -99,8 +99,11 @@ class TorchSystem:
         if self.run.grad_clip > 0:
             self.scaler.unscale_(self.opt)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.run.grad_clip)
+        scale = self.scaler.get_scale() if self.scaler.is_enabled() else None
         self.scaler.step(self.opt)
         self.scaler.update()
+        # GradScaler skips a step whose gradients overflowed, and backs its scale off
+        self.last_step_skipped = scale is not None and self.scaler.get_scale() < scale
         self.opt.zero_grad(set_to_none=True)
         return total
 
