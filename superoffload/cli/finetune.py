@@ -118,6 +118,8 @@ def main(args: argparse.Namespace) -> int:
         _leave_process_group()
     if prepared.rank == 0:
         print(summary_line(rec))
+    if rec["status"] == "preempted":  # checkpointed at the step it stopped: a requeue resumes it
+        return int(rec["system_stats"]["finetune"]["exit_code"])
     return 0 if rec["status"] == "ok" else 1
 
 

@@ -12,11 +12,16 @@ Layout of ``--out DIR``::
                                                 model.safetensors + config.json + tokenizer (zoo GPT)
     DIR/record.json                            the run record (superoffload/harness/record.schema.json)
 
-A checkpoint directory is written under a temporary name, its files fsynced, then renamed; ``latest.json``
-is replaced atomically after that, so an interruption at any moment leaves the previous checkpoint
-intact and ``latest.json`` pointing at a complete one. Only the newest ``keep`` checkpoints are kept.
-Every file loads with ``torch.load(weights_only=True)``: the states hold tensors and plain Python values
-only (the RNG states are converted to tensors and lists).
+A checkpoint directory is written under a temporary name, its files fsynced, then its ``manifest.json``
+(every file's size and sha256, the step, the world size, the run id; superoffload/engine/files.py), then
+renamed; ``latest.json`` is replaced atomically after that, so an interruption at any moment leaves the
+previous checkpoint intact and ``latest.json`` pointing at a complete one. Only the newest ``keep``
+checkpoints are kept. A resume takes the newest checkpoint whose files match its manifest (a damaged or
+mixed newest one is skipped with a note saying what is wrong), and checks that the engine state and the
+trainer state are at the checkpoint's step. Temporaries of killed or failed saves are removed when a run
+starts, and a failed save removes its own and says in one line which path and why (a full disk, a
+read-only directory). Every file loads with ``torch.load(weights_only=True)``: the states hold tensors and
+plain Python values only (the RNG states are converted to tensors and lists).
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from superoffload.engine import files
+from superoffload.engine.files import CheckpointError
 from superoffload.finetune.model import ZOO_WEIGHTS, LoadedModel, save_zoo_config
 from superoffload.harness.record import write_json_atomic
 
@@ -41,20 +48,7 @@ FINAL = "final"
 ENGINE_FILE, TRAINER_FILE = "engine.pt", "trainer.pt"
 
 
-def _fsync_dir(path: Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def _save(obj: Any, path: Path) -> None:
-    with open(path, "wb") as f:
-        torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
+_fsync_dir = files.fsync_dir
 
 
 def _replace_dir(tmp: Path, final: Path) -> None:
@@ -105,30 +99,45 @@ def engine_file(rank: int, world: int) -> str:
 
 
 def save_checkpoint(out: str | Path, step: int, engine_state: dict[str, Any], trainer_state: dict[str, Any],
-                    keep: int = 2, rank: int = 0, world: int = 1, barrier: Any = None) -> Path:
+                    keep: int = 2, rank: int = 0, world: int = 1, barrier: Any = None, gather: Any = None,
+                    run_id: str = "") -> Path:
     """Write the checkpoint of ``step`` atomically, point ``latest.json`` at it, prune older ones. With
-    several ranks every rank calls it (``barrier``: torch.distributed.barrier): each writes its engine shard
-    into the temporary directory, rank 0 the trainer state, then rank 0 renames and updates latest.json."""
+    several ranks every rank calls it (``barrier``: torch.distributed.barrier; ``gather(obj)``: every rank's
+    ``obj`` in rank order, for the manifest): each writes its engine shard into the temporary directory,
+    rank 0 the trainer state and the manifest, then renames and updates latest.json. CheckpointError (one
+    line: which path, why) when a file cannot be written; the temporary directory is removed then."""
     root = Path(out) / CHECKPOINTS
     final = root / step_dir_name(step)
     tmp = root / (f".{final.name}.tmp-{os.getpid()}" if world == 1 else f".{final.name}.tmp")
-    if rank == 0:
-        root.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-    if barrier is not None:
-        barrier()
-    _save(engine_state, tmp / engine_file(rank, world))
-    if barrier is not None:
-        barrier()
-    if rank != 0:
+    try:
+        if rank == 0:
+            root.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
         if barrier is not None:
             barrier()
-        return final
-    _save(trainer_state, tmp / TRAINER_FILE)
-    _fsync_dir(tmp)
-    _replace_dir(tmp, final)
-    write_json_atomic(root / LATEST, {"step": step, "dir": final.name})
+        name = engine_file(rank, world)
+        mine = {name: files.save_hashed(engine_state, tmp / name)}
+        written = gather(mine) if gather is not None else [mine]
+        if barrier is not None:
+            barrier()
+        if rank != 0:
+            if barrier is not None:
+                barrier()
+            return final
+        listed = {k: v for part in written for k, v in part.items()}
+        listed[TRAINER_FILE] = files.save_hashed(trainer_state, tmp / TRAINER_FILE)
+        files.write_manifest(tmp, listed, step=step, world_size=world, run_id=run_id,
+                             engine_global_step=int(engine_state.get("global_step", step)))
+        _fsync_dir(tmp)
+        _replace_dir(tmp, final)
+        write_json_atomic(root / LATEST, {"step": step, "dir": final.name})
+    except (OSError, RuntimeError) as e:
+        if isinstance(e, CheckpointError):
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(f"checkpoint of step {step} not written to {tmp}: {files.why_write_failed(e, root)}") \
+            from None
     if keep > 0:
         done = sorted(p for p in root.glob("step-*") if p.is_dir())
         for old in done[:-keep]:
@@ -139,18 +148,66 @@ def save_checkpoint(out: str | Path, step: int, engine_state: dict[str, Any], tr
     return final
 
 
-def latest_checkpoint(out: str | Path) -> Path | None:
-    """The directory ``latest.json`` names, or None when there is no complete checkpoint."""
+def remove_stale_temporaries(out: str | Path) -> list[Path]:
+    """Leftovers of saves that were killed or failed (a whole checkpoint each, at worst): removed when a run
+    starts (rank 0, before its first save). Returns what was removed."""
+    out = Path(out)
+    root = out / CHECKPOINTS
+    found = [*root.glob(".step-*.tmp*"), *root.glob(".step-*.old-*"), *root.glob(f".{LATEST}.*.tmp"),
+             *out.glob(f".{FINAL}.tmp-*"), *out.glob(f".{FINAL}.old-*"), *out.glob(".record.json.*.tmp")]
+    for p in found:
+        if p.is_dir():
+            shutil.rmtree(p, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                p.unlink()
+    return found
+
+
+def latest_checkpoint(out: str | Path) -> tuple[Path | None, list[str]]:
+    """(the newest intact checkpoint, notes on the newer ones passed over). ``latest.json``'s directory
+    first, then every other ``step-*`` directory, newest first; intact: every file its manifest lists is
+    there with the listed size and sha256 (a checkpoint written before manifests existed: its files are
+    there). The notes say why each skipped one is not usable."""
     import json
 
     root = Path(out) / CHECKPOINTS
+    notes: list[str] = []
+    named = None
     try:
         latest = json.loads((root / LATEST).read_text())
-    except (OSError, ValueError):
-        return None
-    path = root / str(latest.get("dir", ""))
-    engines = all(f.is_file() for f in engine_files(path))
-    return path if engines and (path / TRAINER_FILE).is_file() else None
+        named = root / str(latest["dir"])
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        notes.append(f"{root / LATEST} is not readable ({type(e).__name__}); looking for checkpoints beside it")
+    steps = sorted((p for p in root.glob("step-*") if p.is_dir()), key=lambda p: p.name, reverse=True)
+    order = ([named] if named is not None else []) + [p for p in steps if p != named]
+    for path in order:
+        why = _why_unusable(path)
+        if why is None:
+            return path, notes
+        notes.append(f"{path.name}: {why}")
+    return None, notes
+
+
+def _why_unusable(path: Path) -> str | None:
+    if not path.is_dir():
+        return f"{path} does not exist"
+    try:
+        manifest = files.read_manifest(path)
+    except CheckpointError as e:
+        return str(e)
+    if manifest is None:  # a checkpoint of a version before manifests (trainer.pt version 1) still loads
+        missing = [f.name for f in [*engine_files(path), path / TRAINER_FILE] if not f.is_file()]
+        if missing:
+            return f"{', '.join(missing)} missing and no {files.MANIFEST}"
+        try:
+            version = files.load_file(path / TRAINER_FILE).get("version", 1)
+        except CheckpointError as e:
+            return str(e)
+        return f"{path / files.MANIFEST} is missing" if version >= 2 else None
+    return files.verify(path)
 
 
 def engine_files(path: str | Path) -> list[Path]:
@@ -162,13 +219,25 @@ def engine_files(path: str | Path) -> list[Path]:
 
 def load_checkpoint(path: str | Path, rank: int = 0, world: int = 1) -> tuple[Any, dict[str, Any]]:
     """(engine state, trainer state): this rank's engine file when the checkpoint was written by ``world``
-    ranks, else the list of every rank's engine states (the engine re-shards them)."""
+    ranks, else the list of every rank's engine states (the engine re-shards them). CheckpointError naming the
+    file when one cannot be read or is at another step than the checkpoint."""
     path = Path(path)
-    trainer = torch.load(path / TRAINER_FILE, map_location="cpu", weights_only=True)
-    files = engine_files(path)
-    if len(files) == world:
-        return torch.load(files[rank], map_location="cpu", weights_only=True), trainer
-    return [torch.load(f, map_location="cpu", weights_only=True) for f in files], trainer
+    trainer = files.load_file(path / TRAINER_FILE)
+    manifest = files.read_manifest(path) or {}
+    step = int(manifest.get("step", trainer["step"]))
+    if int(trainer["step"]) != step:
+        raise CheckpointError(f"{path / TRAINER_FILE} is at step {trainer['step']}, the checkpoint at step {step}")
+    names = engine_files(path)
+    if manifest.get("world_size") is not None and len(names) != int(manifest["world_size"]):
+        raise CheckpointError(f"{path} holds {len(names)} engine file(s), its manifest says it was written by "
+                              f"{manifest['world_size']} rank(s)")
+    wanted = [names[rank]] if len(names) == world else names
+    states = [files.load_file(f) for f in wanted]
+    for f, st in zip(wanted, states, strict=True):
+        if int(st.get("global_step", step)) != step:
+            raise CheckpointError(f"{f} is at optimizer step {st.get('global_step')}, the checkpoint at step {step} "
+                                  f"(a file of another checkpoint)")
+    return (states[0] if len(names) == world else states), trainer
 
 
 def model_buffers(module: nn.Module) -> dict[str, torch.Tensor]:

@@ -26,6 +26,7 @@ import os
 import sys
 import time
 import traceback
+import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -33,6 +34,7 @@ from typing import Any, TextIO
 import torch
 import torch.nn.functional as F
 
+from superoffload.engine import files
 from superoffload.finetune import checkpoint as ckpt
 from superoffload.finetune.data import IGNORE, Rows, TrainData, check_data_path, load_rows
 from superoffload.finetune.errors import FinetuneInputError
@@ -40,6 +42,7 @@ from superoffload.finetune.model import LoadedModel, load_model, restore_buffer_
 from superoffload.finetune.progress import Progress
 from superoffload.finetune.runrecord import finish_record, new_record, resolve_peak
 from superoffload.finetune.schedule import WarmupCosine, make_scheduler, warmup_steps
+from superoffload.finetune.stop import EXIT_PREEMPTED, StopRequest
 from superoffload.harness.models import MODELS
 from superoffload.harness.system import RunConfig
 from superoffload.options import torch_dtype
@@ -110,6 +113,7 @@ class Prepared:
     rank: int = 0
     world: int = 1
     notes: list[str] = field(default_factory=list)
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex)  # a fresh run's; a resumed one keeps its own
 
 
 def dist_env() -> tuple[int, int]:
@@ -208,13 +212,18 @@ def prepare(c: FinetuneConfig) -> Prepared:
     out = Path(c.out)
     if out.exists() and not out.is_dir():
         raise FinetuneInputError(f"--out {c.out!r} exists and is not a directory")
-    resume_from = ckpt.latest_checkpoint(out)
+    try:  # found now, not at the first save after the work
+        files.check_writable(out / ckpt.CHECKPOINTS)
+    except files.CheckpointError as e:
+        raise FinetuneInputError(f"--out: {e}") from None
+    resume_from, passed_over = ckpt.latest_checkpoint(out)
     if c.resume and resume_from is None:
-        raise FinetuneInputError(f"--resume: {c.out} holds no complete checkpoint "
-                                 f"({ckpt.CHECKPOINTS}/{ckpt.LATEST} is missing)")
-    if not c.resume and resume_from is not None:
-        raise FinetuneInputError(f"{c.out} already holds checkpoints of a run (latest {resume_from.name}); pass "
-                                 f"--resume to continue it, or choose another --out")
+        why = "; ".join(passed_over) or f"{ckpt.CHECKPOINTS}/{ckpt.LATEST} is missing and no step-* directory"
+        raise FinetuneInputError(f"--resume: {c.out} holds no intact checkpoint ({why})")
+    if not c.resume and (resume_from is not None or passed_over):
+        raise FinetuneInputError(f"{c.out} already holds checkpoints of a run"
+                                 f"{f' (latest intact: {resume_from.name})' if resume_from else ''}; pass --resume "
+                                 f"to continue it, or choose another --out")
     overrides = _load_overrides(c.config)
     if c.threads:
         torch.set_num_threads(c.threads)
@@ -269,6 +278,7 @@ def prepare(c: FinetuneConfig) -> Prepared:
                     overrides=overrides, max_length=max_length, warmup=warm, settings=settings,
                     resume_from=resume_from if c.resume else None, rank=rank, world=world)
     if prep.resume_from is not None:
+        prep.notes += [f"note: skipped checkpoint {why}" for why in passed_over]
         _check_resume(prep)
     return prep
 
@@ -283,7 +293,11 @@ def _check_finite_model(module: torch.nn.Module, source: str) -> None:
 
 
 def _check_resume(prep: Prepared) -> None:
-    trainer = torch.load(prep.resume_from / ckpt.TRAINER_FILE, map_location="cpu", weights_only=True)
+    try:
+        trainer = files.load_file(prep.resume_from / ckpt.TRAINER_FILE)
+    except files.CheckpointError as e:
+        raise FinetuneInputError(f"--resume: {e}") from None
+    prep.run_id = str(trainer.get("run_id", ""))
     saved = dict(trainer.get("settings", {}))
     saved.setdefault("global_batch", saved.get("batch"))  # written by one rank before "global_batch" existed
     for key in RESUME_KEYS:
@@ -296,8 +310,14 @@ def _check_resume(prep: Prepared) -> None:
         raise FinetuneInputError(f"--stop-after {prep.cfg.stop_after}: the checkpoint is already at step "
                                  f"{trainer['step']}")
     if trainer["step"] >= prep.cfg.steps:
-        raise FinetuneInputError(f"--resume: the checkpoint is at step {trainer['step']}, the run has "
-                                 f"--steps {prep.cfg.steps}: nothing left to train")
+        out = Path(prep.cfg.out)
+        if (out / ckpt.FINAL).is_dir() and (out / "record.json").is_file():
+            raise FinetuneInputError(f"--resume: the checkpoint is at step {trainer['step']}, the run has "
+                                     f"--steps {prep.cfg.steps}, and {ckpt.FINAL}/ and record.json exist: nothing "
+                                     f"left to train")
+        # the run ended after its last checkpoint but before final/ or the record: write them now
+        prep.notes.append(f"note: the checkpoint is at step {trainer['step']} = --steps; writing the missing "
+                          f"{ckpt.FINAL}/ and record.json")
     if saved.get("world", 1) != prep.world:
         prep.notes.append(f"note: the checkpoint was written by {saved.get('world', 1)} rank(s), this run has "
                           f"{prep.world}: the engine re-shards its state; gradients are summed in another order, "
@@ -322,7 +342,8 @@ def learned_tokens(batches: list[tuple[torch.Tensor, torch.Tensor]]) -> int:
 
 def _trainer_state(prep: Prepared, step: int, sched: Any, losses: list[float | None], skipped: list[bool],
                    module: torch.nn.Module) -> dict[str, Any]:
-    return {"version": 1, "step": step, "scheduler": sched.state_dict(), "rng": ckpt.rng_state(),
+    return {"version": 2, "step": step, "run_id": prep.run_id, "scheduler": sched.state_dict(),
+            "rng": ckpt.rng_state(),
             "losses": list(losses), "skipped": list(skipped), "settings": prep.settings, "data": {"next_step": step,
                                                                         "sha256": prep.rows.info["sha256"]},
             "buffers": ckpt.model_buffers(module)}
@@ -374,9 +395,16 @@ def train(prep: Prepared, *, stdout: TextIO | None = None, stderr: TextIO | None
     losses: list[float | None] = []  # None: no learned token in the step; NaN: the loss was not finite
     skipped: list[bool] = []  # the optimizer skipped the step (non-finite gradients)
     start = 0
+    if main:
+        for p in ckpt.remove_stale_temporaries(out):
+            print(f"note: removed {p} (left by a save that was killed or failed)", file=stderr)
     if prep.resume_from is not None:
-        engine_state, trainer = ckpt.load_checkpoint(prep.resume_from, prep.rank, prep.world)
-        engine.load_state_dict(engine_state)
+        try:
+            engine_state, trainer = ckpt.load_checkpoint(prep.resume_from, prep.rank, prep.world)
+            engine.load_state_dict(engine_state)
+        except (files.CheckpointError, ValueError) as e:  # before any step: an input error, in one line
+            engine.close()
+            raise FinetuneInputError(f"--resume from {prep.resume_from}: {' '.join(str(e).split())}") from None
         del engine_state
         sched.load_state_dict(trainer["scheduler"])
         ckpt.load_model_buffers(engine.model, trainer["buffers"])
@@ -406,7 +434,10 @@ def train(prep: Prepared, *, stdout: TextIO | None = None, stderr: TextIO | None
     telemetry = Telemetry(0.1, want_gpu=device.is_cuda)
     times: list[float] = []
     step = start
+    stop = StopRequest()
+    stopped_at = None
     try:
+        stop.__enter__()
         device.reset_peak_memory()
         telemetry.start()
         dev = device.torch_device
@@ -438,10 +469,24 @@ def train(prep: Prepared, *, stdout: TextIO | None = None, stderr: TextIO | None
             done = step + 1
             if done != end and c.save_every and done % c.save_every == 0:
                 _checkpoint(prep, engine, sched, losses, skipped, done, main)
-        step = end
-        _checkpoint(prep, engine, sched, losses, skipped, end, main)
+            # a signal to any rank stops every rank at this same boundary
+            if done != end and _sum_over_ranks(int(stop.requested), prep.world, dev):
+                if not (c.save_every and done % c.save_every == 0):
+                    _checkpoint(prep, engine, sched, losses, skipped, done, main)
+                stopped_at = done
+                break
+        step = end if stopped_at is None else stopped_at
+        if end > start and stopped_at is None:  # (a resume at --steps only writes final/ and the record)
+            _checkpoint(prep, engine, sched, losses, skipped, end, main)
         final_dir = None
-        if end == c.steps:
+        if stopped_at is not None:
+            end = stopped_at
+            rec["status"] = "preempted"
+            rec["error"] = (f"stopped by {stop.name or 'a signal to another rank'} after step {stopped_at}: "
+                            f"checkpoint {ckpt.step_dir_name(stopped_at)} written; continue with --resume")
+            if main:
+                progress.message(rec["error"])
+        elif end == c.steps:
             states = _gather_on_rank0(engine.state_dict(), prep.world)
             if main:
                 save_dtype = _resolve_save_dtype(c, loaded, eng_cfg.precision)
@@ -456,6 +501,7 @@ def train(prep: Prepared, *, stdout: TextIO | None = None, stderr: TextIO | None
             print(f"superoffload finetune: training failed at step {step + 1}: {type(e).__name__}: {e}",
                   file=stderr)
     finally:
+        stop.__exit__()
         telemetry.stop()
         progress.close()
         engine.close()
@@ -463,6 +509,9 @@ def train(prep: Prepared, *, stdout: TextIO | None = None, stderr: TextIO | None
     stats = rec["system_stats"] or {}
     stats["plan"] = prep.plan.to_dict() if prep.plan is not None else None
     stats["finetune"] = _finetune_block(prep, schedule, start, end, final_dir)
+    if stopped_at is not None:  # the CLI's exit code: EXIT_PREEMPTED, or EXIT_INTERRUPTED for SIGINT
+        stats["finetune"]["stopped_by"] = stop.name or "a signal to another rank"
+        stats["finetune"]["exit_code"] = stop.exit_code if stop.requested else EXIT_PREEMPTED
     rec["system_stats"] = stats
     rec["rollbacks"] = stats.get("speculation")
     rec["plan"] = stats["plan"]
@@ -471,7 +520,13 @@ def train(prep: Prepared, *, stdout: TextIO | None = None, stderr: TextIO | None
     if main:
         from superoffload.harness.record import write_record
 
-        write_record(out / "record.json", rec)
+        try:
+            write_record(out / "record.json", rec)
+        except OSError as e:  # a full disk or read-only directory here: one line, not a traceback
+            print(f"superoffload finetune: error: {out / 'record.json'} not written: "
+                  f"{files.why_write_failed(e, out)}", file=stderr)
+            rec["status"] = "error"
+            rec["error"] = f"record.json not written: {files.why_write_failed(e, out)}"
     return rec
 
 
@@ -479,13 +534,19 @@ def _checkpoint(prep: Prepared, engine: Any, sched: Any, losses: list[float | No
                 main: bool) -> None:
     state = engine.state_dict()  # synchronizes the engine's host tasks first
     trainer = _trainer_state(prep, step, sched, losses, skipped, engine.model) if main else {}
-    barrier = None
+    barrier = gather = None
     if prep.world > 1:
         import torch.distributed as dist
 
         barrier = dist.barrier
+
+        def gather(obj: Any) -> list[Any]:
+            out: list[Any] = [None] * prep.world
+            dist.all_gather_object(out, obj)
+            return out
+
     ckpt.save_checkpoint(prep.cfg.out, step, state, trainer, keep=prep.cfg.keep_checkpoints, rank=prep.rank,
-                         world=prep.world, barrier=barrier)
+                         world=prep.world, barrier=barrier, gather=gather, run_id=prep.run_id)
 
 
 def _init_distributed(device: str) -> None:

@@ -29,8 +29,8 @@ def test_200_steps_speculation_equals_validate_then_step(precision, mode):
     data = batches(seq=16, batch=1)
     cfg = {"optimizer": OPT, "precision": precision, "bucket_size": 40_000, "device_tail_buckets": 1,
            "rollback_mode": mode}
-    if precision == "fp16":
-        cfg["loss_scale"] = {"init_scale": 2.0**8, "growth_interval": 20}
+    if precision == "fp16":  # the injections drive the scale to its minimum: keep skipping, do not raise
+        cfg["loss_scale"] = {"init_scale": 2.0**8, "growth_interval": 20, "raise_at_min_scale": False}
     spec = run(make_model, {**cfg, "speculation": True,
                             "speculation_policy": {"max_rollback_rate": 1.0}}, steps, make_schedule(steps), data)
     ref = run(make_model, {**cfg, "speculation": False}, steps, make_schedule(steps), data)
