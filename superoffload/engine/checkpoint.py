@@ -16,6 +16,8 @@ Version-1 dicts (whole parameters, written before sharding existed) load as one 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -243,23 +245,57 @@ def _untrained_state(eng: SuperOffloadEngine) -> dict[str, torch.Tensor]:
 
 def save_checkpoint(eng: SuperOffloadEngine, save_dir: str, tag: str | None, client_state: dict | None,
                     save_latest: bool = True) -> str:
-    import os
+    """Every rank writes its file into a temporary `.tag.tmp`, the ranks synchronize, rank 0 writes the
+    manifest (every rank's file size and sha256) and renames the folder to `tag` (a tag saved again is
+    replaced whole, never file by file), and `latest` is written after a second barrier: a crash at any
+    point leaves the previous checkpoint of the tag, or none, never shards of two steps."""
+    from pathlib import Path
 
+    from superoffload.engine import files
+
+    comm = eng.comm
     tag = tag or f"global_step{eng.global_step}"
-    folder = os.path.join(save_dir, tag)
-    os.makedirs(folder, exist_ok=True)
-    path = os.path.join(folder, f"rank{eng.comm.rank}.pt")
-    _atomic_save({"engine": eng.state_dict(), "client_state": client_state or {}, "module": _untrained_state(eng)},
-                 path)
-    if eng.comm.rank == 0 and save_latest:
-        _atomic_text(os.path.join(save_dir, "latest"), tag)
-    return path
+    root = Path(save_dir)
+    final, tmp = root / tag, root / f".{tag}.tmp"
+    blob = {"engine": eng.state_dict(), "client_state": client_state or {}, "module": _untrained_state(eng)}
+    try:
+        if comm.rank == 0:
+            root.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+        comm.barrier()
+        name = f"rank{comm.rank}.pt"
+        written = comm.all_gather_object({name: files.save_hashed(blob, tmp / name)})
+        if comm.rank == 0:
+            files.write_manifest(tmp, {k: v for part in written for k, v in part.items()}, step=eng.global_step,
+                                 world_size=comm.world, tag=tag)
+            files.fsync_dir(tmp)
+            old = root / f".{tag}.old"
+            shutil.rmtree(old, ignore_errors=True)
+            if final.exists():
+                os.replace(final, old)
+            os.replace(tmp, final)
+            files.fsync_dir(root)
+            shutil.rmtree(old, ignore_errors=True)
+        comm.barrier()
+        if comm.rank == 0 and save_latest:
+            _atomic_text(os.path.join(save_dir, "latest"), tag)
+        comm.barrier()
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise files.CheckpointError(f"checkpoint {tag} not written to {tmp}: {files.why_write_failed(e, root)}") \
+            from None
+    return str(final / f"rank{comm.rank}.pt")
 
 
 def load_checkpoint(eng: SuperOffloadEngine, load_dir: str, tag: str | None, weights_only: bool = False,
                     strict: bool = True) -> tuple[str, dict]:
+    """The checkpoint of `tag` (default: the one `latest` names), verified against its manifest first (a
+    damaged, truncated or swapped file is a CheckpointError naming it), every rank's file at the same step."""
     import glob
-    import os
+    from pathlib import Path
+
+    from superoffload.engine import files
 
     if tag is None:
         latest = os.path.join(load_dir, "latest")
@@ -269,36 +305,50 @@ def load_checkpoint(eng: SuperOffloadEngine, load_dir: str, tag: str | None, wei
             tag = f.read().strip()
     folder = os.path.join(load_dir, tag)
     own = os.path.join(folder, f"rank{eng.comm.rank}.pt")
-    files = sorted(glob.glob(os.path.join(folder, "rank*.pt")))
-    if not files:
+    paths = sorted(glob.glob(os.path.join(folder, "rank*.pt")))
+    if not paths:
         raise FileNotFoundError(f"no checkpoint files in {folder}")
-    first = torch.load(files[0], map_location="cpu", weights_only=False)
+    manifest = files.read_manifest(Path(folder))
+    if manifest is not None:
+        problem = files.verify(Path(folder))
+        if problem:
+            raise files.CheckpointError(f"checkpoint {folder}: {problem}")
+        if len(paths) != int(manifest["world_size"]):
+            raise files.CheckpointError(f"checkpoint {folder} holds {len(paths)} rank file(s), its manifest lists "
+                                        f"{manifest['world_size']}")
+    blobs = {p: _load_blob(p) for p in paths}
+    steps = {os.path.basename(p): b["engine"].get("global_step") for p, b in blobs.items()}
+    if len(set(steps.values())) > 1 or (manifest is not None and set(steps.values()) != {manifest["step"]}):
+        raise files.CheckpointError(f"checkpoint {folder} mixes steps: {steps}"
+                                    + (f" (the manifest says {manifest['step']})" if manifest else ""))
+    first = blobs[paths[0]]
     if weights_only:
-        blobs = [first] + [torch.load(f, map_location="cpu", weights_only=False) for f in files[1:]]
-        masters = {n: e["master"] for n, e in param_state([b["engine"] for b in blobs]).items()}
+        masters = {n: e["master"] for n, e in param_state([b["engine"] for b in blobs.values()]).items()}
         name_of = {id(s.param): s.name for s in eng.slots}  # a tied weight's other names load its master too
         sd = {k: masters[name_of[id(v)]] for k, v in eng.model.state_dict(keep_vars=True).items() if id(v) in name_of}
         eng.load_model_state_dict({**first.get("module", {}), **sd}, strict=strict)
         return folder, first["client_state"]
-    if first["engine"].get("world_size") == eng.comm.world and os.path.exists(own):
-        blob = torch.load(own, map_location="cpu", weights_only=False)
+    if first["engine"].get("world_size") == eng.comm.world and own in blobs:
+        blob = blobs[own]
         eng.load_state_dict(blob["engine"])
         path = own
     else:
         blob = first
-        eng.load_state_dict([torch.load(f, map_location="cpu", weights_only=False)["engine"] for f in files])
+        eng.load_state_dict([b["engine"] for b in blobs.values()])
         path = folder
     if blob.get("module"):
         eng.model.load_state_dict(blob["module"], strict=False)
     return path, blob["client_state"]
 
 
-def _atomic_save(obj: Any, path: str) -> None:
-    import os
+def _load_blob(path: str) -> dict[str, Any]:
+    from superoffload.engine import files
 
-    tmp = f"{path}.tmp{os.getpid()}"
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # noqa: BLE001 - a corrupt archive raises anything: name the file
+        raise files.CheckpointError(f"{path}: not readable as a checkpoint file ({type(e).__name__}: "
+                                    f"{' '.join(str(e).split())[:200]})") from None
 
 
 def _atomic_text(path: str, text: str) -> None:

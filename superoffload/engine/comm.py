@@ -99,6 +99,19 @@ class Comm:
         dist.broadcast_object_list(box, src=dist.get_global_rank(self.group, 0), group=self.group)
         return box[0]
 
+    def barrier(self) -> None:
+        if self.active:
+            self.log["main"].append("barrier")
+            dist.barrier(group=self.group)
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """Every rank's `obj`, in rank order."""
+        if not self.active:
+            return [obj]
+        out: list[Any] = [None] * self.world
+        dist.all_gather_object(out, obj, group=self.group)
+        return out
+
     def check_same(self, what: str, obj: Any) -> None:
         """Raise unless `obj` pickles to the same bytes on every rank (layouts, plans, configs)."""
         if not self.active:

@@ -136,6 +136,39 @@ def scenario_resume(a, rank: int, world: int) -> dict:
     return {"loaded": loaded, "final": engine.state_dict(), "losses": rest["losses"], "digests": rest["digests"]}
 
 
+def scenario_mixed(a, rank: int, world: int) -> dict:
+    """Save tag "t" at step `split` and again at `steps` (the second save replaces the first whole), then
+    build what a crash during a re-save by file would leave (rank 0's shard of the later step beside rank
+    1's of the earlier one) and load it: every rank must refuse it, naming what is wrong."""
+    import shutil
+
+    from superoffload.engine.files import CheckpointError
+
+    cfg = {"optimizer": OPT, "precision": "bf16", "bucket_size": 40_000, "device": a.device,
+           "speculation_policy": {"max_rollback_rate": 1.0}}
+    engine, state = make_engine(cfg, rank, nan_step=None, groups=False)
+    root = Path(a.ckpt)
+    train(engine, state, rank, world, a.split)
+    engine.save_checkpoint(str(root / "early"), tag="t")
+    train(engine, state, rank, world, a.steps, start=a.split)
+    engine.save_checkpoint(str(root / "late"), tag="t")
+    engine.save_checkpoint(str(root / "late"), tag="t")  # the same tag again: replaced whole
+    dist.barrier()
+    if rank == 0:
+        shutil.copytree(root / "early", root / "mixed")
+        shutil.copy(root / "late" / "t" / "rank0.pt", root / "mixed" / "t" / "rank0.pt")
+    dist.barrier()
+    fresh = superoffload.initialize(build_model(get_shape("gpt-tiny"), seq=SEQ, seed=5), cfg)
+    try:
+        fresh.load_checkpoint(str(root / "mixed"), tag="t")
+        error = None
+    except CheckpointError as e:
+        error = str(e)
+    again = superoffload.initialize(build_model(get_shape("gpt-tiny"), seq=SEQ, seed=5), cfg)
+    again.load_checkpoint(str(root / "late"))  # the intact one loads (latest names "t")
+    return {"error": error, "late_step": again.global_step, "left": sorted(p.name for p in (root / "late").iterdir())}
+
+
 def scenario_raise(a, rank: int, world: int) -> dict:
     """Rank 1 raises in backward at step 2 and dies (--hang: and stays alive without taking part)."""
     cfg = {"optimizer": OPT, "bucket_size": 40_000, "device": a.device}
@@ -187,7 +220,7 @@ def scenario_sp(a, rank: int, world: int) -> dict:
 
 
 SCENARIOS = {"exact": scenario_exact, "sp": scenario_sp, "torch_ref": scenario_torch_ref, "save": scenario_save,
-             "resume": scenario_resume, "raise": scenario_raise}
+             "resume": scenario_resume, "raise": scenario_raise, "mixed": scenario_mixed}
 
 
 def main() -> None:
