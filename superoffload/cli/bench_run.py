@@ -15,9 +15,11 @@ memory. Every bad combination is a one-line error (exit 2) before anything is la
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -185,6 +187,10 @@ def main(args: argparse.Namespace) -> int:
         return 2
     if launch:
         return launch_ranks(args, run)
+    if os.environ.get(RANK_OF_LAUNCHER_ENV):  # a rank of our own launcher's torchrun: never outlive it
+        from superoffload.harness.processes import die_with_parent
+
+        die_with_parent(signal.SIGKILL)
 
     bar = None
     progress = None
@@ -201,6 +207,12 @@ def main(args: argparse.Namespace) -> int:
     if bar is not None:
         bar.close()
     if rec["run"].get("rank", 0) == 0:
+        from superoffload.harness.processes import claim_holds
+
+        if not claim_holds():  # the guard gave up on this run (timed out) and wrote its error record
+            print(f"superoffload bench run: {args.out} not written: the run is no longer wanted (its guard "
+                  f"timed out or was stopped)", file=sys.stderr)
+            return 1
         write_record(args.out, rec)
     print(summary_line(rec))
     return 0 if rec["status"] == "ok" else 1
@@ -303,6 +315,9 @@ def launch_command(args: argparse.Namespace, nproc: int) -> list[str]:
 TAIL = 4000
 
 
+RANK_OF_LAUNCHER_ENV = "SUPEROFFLOAD_BENCH_RANK"  # set for the ranks `bench run --nproc` starts
+
+
 def launch_ranks(args: argparse.Namespace, run: RunConfig) -> int:
     """Run the ranks under torchrun, pass their output through, and leave a record at --out."""
     from superoffload.harness.record import write_record
@@ -319,19 +334,42 @@ def launch_ranks(args: argparse.Namespace, run: RunConfig) -> int:
     if os.path.isdir("/sys/class/net/lo"):
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # every rank is on this host: gloo over loopback
     cmd = launch_command(args, args.nproc)
+    env[RANK_OF_LAUNCHER_ENV] = "1"
+    from superoffload.harness.processes import claim_holds
+
+    # torchrun stops its ranks on SIGTERM: it gets one if this launcher dies (a kill -9 included), and the
+    # ranks die with torchrun (die_with_parent in each rank)
+    cmd = [sys.executable, "-m", "superoffload.harness.processes", "SIGTERM", "--", *cmd]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    got: list[int] = []
+
+    def forward(signum, frame) -> None:  # SIGTERM / SIGINT to the launcher: torchrun stops the ranks
+        got.append(signum)
+        with contextlib.suppress(OSError):
+            proc.send_signal(signal.SIGTERM)
+
+    old = {sg: signal.signal(sg, forward) for sg in (signal.SIGTERM, signal.SIGINT)}
     tail: list[str] = []
     assert proc.stdout is not None
-    for line in proc.stdout:
-        sys.stdout.write(line)
-        tail.append(line)
-        if len(tail) > 200:
-            del tail[:100]
-    rc = proc.wait()
+    try:
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            tail.append(line)
+            if len(tail) > 200:
+                del tail[:100]
+        rc = proc.wait()
+    finally:
+        for sg, h in old.items():
+            signal.signal(sg, h)
     if os.path.exists(out):
         return rc
     text = "".join(tail).strip()[-TAIL:] or "(no output)"
-    write_record(out, error_record(run, f"{args.nproc} ranks exited with {rc} without writing a record\n\n{text}"))
+    why = f"stopped by {signal.Signals(got[0]).name}" if got else f"exited with {rc}"
+    if not claim_holds():
+        return 128 + got[0] if got else 1
+    write_record(out, error_record(run, f"{args.nproc} ranks {why} without writing a record\n\n{text}"))
+    if got:
+        return 128 + got[0]
     print(f"superoffload bench run: the ranks exited with {rc} and left no record; wrote an error record to {out}",
           file=sys.stderr)
     return 1

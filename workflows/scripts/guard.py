@@ -9,6 +9,13 @@ If it wrote none (crash, bad input, timeout, missing command), a schema-valid er
 here with the tail of stderr. `json`: any JSON result; if missing, {"status": "error"|"unavailable"}.
 `stdout-json`: the command prints JSON on stdout; it is parsed and written to --out.
 The guard exits 0 whenever it could leave a file (the failure is in the file), else 3.
+
+The guard owns the command's whole process tree (superoffload/harness/processes.py): the command starts
+in a session of its own, every descendant carries a marker in its environment, and on a timeout or when
+the guard itself gets SIGTERM / SIGINT the session is stopped (SIGTERM, then SIGKILL) and any marked
+process left (torchrun's ranks run in sessions of their own) is killed. The record file is claimed for
+the command: it may write it only while the claim holds, and the guard revokes the claim before it writes
+a timed-out run's error record, so a run it gave up on can never replace that record later.
 """
 
 from __future__ import annotations
@@ -18,15 +25,18 @@ import datetime as dt
 import hashlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))  # the checkout's superoffload, installed or not
+from superoffload.harness import processes  # noqa: E402  (torch-free)
 from superoffload.harness.provenance import cpu_model as _cpu  # noqa: E402  (torch-free)
 from superoffload.harness.provenance import dist_version, git_commit  # noqa: E402
 
@@ -153,14 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     if out.exists():
         out.unlink()  # a stale file must not pass for this run's result
     t0 = time.monotonic()
-    rc: int | None
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
-        rc, stdout, stderr = proc.returncode, proc.stdout, proc.stderr
-    except subprocess.TimeoutExpired as e:
-        rc, stdout, stderr = None, _s(e.stdout), _s(e.stderr) + f"\ntimed out after {a.timeout:.0f} s"
-    except OSError as e:
-        rc, stdout, stderr = 127, "", f"could not start {cmd[0]!r}: {e}"
+    rc, stdout, stderr = _run_owned(cmd, a.timeout, out)
     wall = time.monotonic() - t0
     with open(a.log, "w") as log:
         log.write(
@@ -173,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         rec = _read_json(a.out)
         if isinstance(rec, dict) and rec.get("status") in ("ok", "oom", "error"):
             return 0
-        why = "timed out" if rc is None else f"exited with {rc}"
+        why = "timed out or was stopped" if rc is None else f"exited with {rc}"
         last = next((ln.strip() for ln in reversed(tail.splitlines()) if ln.strip()), "")
         msg = f"command {why} without writing a record: {last}\n\nstderr tail:\n{tail}"
         _write_json(a.out, error_record(a, msg))
@@ -202,10 +205,45 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _s(b) -> str:
-    if b is None:
-        return ""
-    return b.decode(errors="replace") if isinstance(b, bytes) else b
+def _run_owned(cmd: list[str], timeout: float, out: Path) -> tuple[int | None, str, str]:
+    """(exit code or None when stopped, stdout, stderr) of `cmd`, run as a tree this guard owns."""
+    tree, token = uuid.uuid4().hex, uuid.uuid4().hex
+    claim = out.with_name(out.name + ".claim")
+    claim.parent.mkdir(parents=True, exist_ok=True)
+    claim.write_text(token)
+    env = {**os.environ, processes.TREE_ENV: tree, processes.CLAIM_ENV: token,
+           processes.CLAIM_FILE_ENV: str(claim)}
+    stopped = []
+
+    def give_up(why: str) -> None:
+        stopped.append(why)
+        claim.unlink(missing_ok=True)  # from now on the run may not write its record
+        processes.stop_group(proc.pid)
+        processes.kill_marked(processes.TREE_ENV, tree)
+
+    def on_signal(signum, frame) -> None:
+        give_up(f"stopped: the guard got {signal.Signals(signum).name}")
+
+    try:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                start_new_session=True)
+    except OSError as e:
+        claim.unlink(missing_ok=True)
+        return 127, "", f"could not start {cmd[0]!r}: {e}"
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            give_up(f"timed out after {timeout:.0f} s")
+            stdout, stderr = proc.communicate()
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        claim.unlink(missing_ok=True)
+    if stopped:
+        return None, stdout or "", (stderr or "") + f"\n{stopped[0]}"
+    return proc.returncode, stdout, stderr
 
 
 if __name__ == "__main__":
