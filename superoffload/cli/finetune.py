@@ -2,7 +2,9 @@
 
 Every user error (a missing path, a dataset without the expected fields, --max-length beyond the model's
 positions, --steps 0, ...) is one line on stderr and exit status 2, before any training step. A failure
-during training is written into the run record (status error / oom) and exits 1. docs/finetune.md.
+during training is written into the run record (status error / oom) and exits 1. SIGTERM / SIGUSR1
+(pre-emption) stop at the next step with a checkpoint and exit 75, SIGINT likewise with 130
+(docs/finetune.md, "Pre-emption").
 """
 
 from __future__ import annotations
@@ -15,7 +17,10 @@ DESCRIPTION = (
     "Alpaca 'instruction'/'input'/'output' or 'text' records, or a .bin of token ids) for STEPS optimizer "
     "steps with the SuperOffload engine: bf16, activation checkpointing, warm-up + cosine LR, the planner's "
     "plan for this machine. Writes checkpoints, DIR/final (save_pretrained) and DIR/record.json. Under "
-    "torchrun every rank trains its own rows (--batch per rank) and the engine sums their gradients."
+    "torchrun every rank trains its own rows (--batch per rank) and the engine sums their gradients. "
+    "Checkpoints are verified on --resume (a damaged newest one is skipped with a note). Exit status: 0 done, "
+    "1 failed during training, 2 bad input, 75 pre-empted by SIGTERM/SIGUSR1 (checkpointed: --resume "
+    "continues), 130 Ctrl-C (checkpointed)."
 )
 
 
@@ -73,7 +78,8 @@ def add_cli(sub: argparse._SubParsersAction) -> None:
                    help="checkpoint every K steps (default 0: only at the end)")
     c.add_argument("--keep-checkpoints", type=int, default=2, help="newest checkpoints kept (default 2)")
     c.add_argument("--resume", action="store_true",
-                   help="continue from DIR's latest checkpoint, bit-exactly (same settings required)")
+                   help="continue from DIR's newest intact checkpoint, bit-exactly (same settings required); "
+                        "at --steps: write a missing final/ and record.json")
     c.add_argument("--stop-after", type=int, default=None, metavar="K",
                    help="stop after step K with a checkpoint, as a pre-emption would (continue with --resume)")
     c.add_argument("--save-dtype", choices=["auto", "bf16", "fp16", "fp32"], default="auto",
