@@ -4,6 +4,7 @@ of a run cut short. Every resume is compared bit for bit with the run that was n
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -265,3 +266,52 @@ def test_a_signal_to_one_of_two_ranks_stops_both_at_the_same_step(tiny_run, tmp_
     resumed = two(out, "--resume")
     assert not resumed.failed(), resumed.report("the resume")
     assert_same_run(out, tmp_path / "ref")
+
+
+@contextlib.contextmanager
+def small_disk(path: Path, size: str = "20M"):
+    """A tmpfs of `size` at `path` (skips the test where mounting is not allowed)."""
+    path.mkdir(parents=True, exist_ok=True)
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True,
+                         text=True)
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {res.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+def test_a_full_disk_fails_the_save_in_one_line_keeps_the_last_checkpoint_and_resumes(tiny_run, reference, tmp_path):
+    model, data = tiny_run
+    one = sum(f.stat().st_size for f in (reference / "checkpoints" / "step-0000006").iterdir())
+    with small_disk(tmp_path / "disk") as disk:
+        out = disk / "run"
+        free = os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize
+        with open(disk / "filler", "wb") as f:  # room for one checkpoint and the record, not for two
+            f.truncate(0)
+            os.posix_fallocate(f.fileno(), 0, free - int(1.5 * one) - (256 << 10))
+        res = finetune(argv(model, data, out))
+        assert res.returncode == 1, res.stderr[-3000:]
+        line = [ln for ln in res.stderr.splitlines() if "training failed" in ln][0]
+        assert "checkpoint of step 2 not written to" in line and "no space left on the device" in line, line
+        rec = record.read_result(out / "record.json", "run")  # the failed save freed its space: the record fits
+        assert rec["status"] == "error" and "no space left on the device" in rec["error"]
+        assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["latest.json", "step-0000001"]
+        (disk / "filler").unlink()
+        res = finetune(argv(model, data, out, "--resume"))
+        assert res.returncode == 0, res.stderr[-3000:]
+        assert_same_run(out, reference)
+
+
+def test_a_read_only_out_is_refused_before_any_work(tiny_run, stopped, tmp_path):
+    model, data = tiny_run
+    with small_disk(tmp_path / "disk") as disk:
+        _copy(stopped[0], disk / "run")
+        subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+        t0 = time.monotonic()
+        res = finetune(argv(model, data, disk / "run", "--resume"))
+        assert res.returncode == 2, res.stderr[-3000:]
+        line = res.stderr.strip().splitlines()[-1]
+        assert line.startswith("superoffload finetune: error: --out:") and "read-only" in line, line
+        assert time.monotonic() - t0 < 60
