@@ -81,6 +81,20 @@ def _device_of(params: list[torch.Tensor]) -> str:
     return "host"
 
 
+def _refuse_wrapped(model: nn.Module | None) -> None:
+    """DDP / FSDP reduce gradients themselves: under them the engine's own reduction would average twice
+    (and they read the `.grad` the engine consumes)."""
+    if model is None:
+        return
+    from torch.nn.parallel import DistributedDataParallel
+
+    wrapped = isinstance(model, DistributedDataParallel) or type(model).__name__ in (
+        "FullyShardedDataParallel", "FSDPModule") or any(type(m).__name__.startswith("FSDP") for m in model.modules())
+    if wrapped:
+        raise ConfigError(f"model= is wrapped in {type(model).__name__}: superoffload.AdamW reduces gradients across "
+                          f"ranks and shards its state itself; pass the unwrapped model (and do not wrap it)")
+
+
 class AdamW(torch.optim.Optimizer):
     """torch.optim.AdamW's interface over the SuperOffload engine.
 
@@ -138,6 +152,7 @@ class AdamW(torch.optim.Optimizer):
                 raise ValueError(f"superoffload.AdamW: param group {gi} sets amsgrad={g['amsgrad']}; amsgrad is one "
                                  f"setting for the whole optimizer here")
         trained = [p for g in self.param_groups for p in g["params"]]
+        _refuse_wrapped(model)
         explicit = self._explicit_options(config, options, max_grad_norm)
         self.model = model
         cfg = self._config(explicit, trained, lr_value, betas, eps, weight_decay, amsgrad, model)

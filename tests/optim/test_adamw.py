@@ -319,6 +319,20 @@ def test_bad_arguments_are_refused_before_any_work(kw, msg):
         superoffload.AdamW(model.parameters(), model=model, **kw)
 
 
+def test_a_model_wrapped_in_ddp_is_refused(monkeypatch):
+    import torch.distributed as dist
+
+    store = dist.HashStore()
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        model = WithSide()
+        wrapped = torch.nn.parallel.DistributedDataParallel(model)
+        with pytest.raises(ConfigError, match="wrapped in DistributedDataParallel"):
+            superoffload.AdamW(model.parameters(), model=wrapped)
+    finally:
+        dist.destroy_process_group()
+
+
 def test_fp16_weights_a_grad_scaler_and_later_unfreezing_are_refused():
     half = nn.Linear(4, 4).half()
     with pytest.raises(ConfigError, match="fp16 needs loss scaling"):
@@ -373,3 +387,29 @@ def test_clipping_a_subset_or_mixed_parameters_is_an_error_not_a_silent_no_op():
     assert float(torch.nn.utils.clip_grad_norm_(other.parameters(), 1e9)) > 0  # others: torch's, untouched
     norm = float(torch.nn.utils.clip_grad_norm_(model.lm.parameters(), 1e9))
     assert norm == pytest.approx(opt.grad_norm()) and norm > 0
+
+
+@pytest.mark.parametrize("device", ["host", "sim"])
+def test_weight_flow_through_the_optimizer_is_bit_identical_to_resident_weights(device):
+    """flow_layers= (blocks whose weights live in host memory, fetched before each use) with a plain loop."""
+    from tests.engine.helpers import batches, make_model
+
+    def run(extra):
+        model = make_model()
+        opt = superoffload.AdamW(model.parameters(), lr=2e-3, model=model, device=device, bucket_size=40_000,
+                                 speculation=True, speculation_policy={"max_rollback_rate": 1.0}, **extra)
+        data = batches()
+        for i in range(4):
+            b = data.batch_at(i)
+            model(b.inputs[0], b.targets[0]).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+            opt.step()
+            opt.zero_grad()
+        opt.synchronize()
+        return opt
+
+    flow, resident = run({"flow_layers": [1, 2]}), run({})
+    assert flow.stats["weight_flow"]["fetches"] > 0 and flow.stats["speculation"]["speculated"] == 3
+    assert_state_equal(flow.engine.state_dict(), resident.engine.state_dict())
+    if device == "sim":
+        assert flow.engine.backend.hb.hazards == []
