@@ -13,9 +13,11 @@ tasks did.
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -31,6 +33,22 @@ class NonFiniteError(RuntimeError):
     not training. Raised by step() after the skipped step is complete, so the engine stays usable."""
 
 
+# every worker still running when the interpreter exits; see _close_at_exit
+_LIVE: weakref.WeakSet[HostWorker] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    """Let each live worker finish its queued tasks and stop before the interpreter finalizes. A script that
+    ends right after its last optimizer step (the HF Trainer's train() returning, a plain loop's last
+    opt.step()) leaves that step's weight returns running on the worker; a daemon thread still inside a torch
+    call when finalization starts is killed by pthread_exit through torch's C++ frames, and the process
+    aborts ("terminate called without an active exception"). atexit runs before finalization, so the
+    thread can still end normally."""
+    for w in list(_LIVE):
+        w.close()
+
+
 class HostWorker:
     def __init__(self, device: Device, name: str = "superoffload-host") -> None:
         self._device = device
@@ -44,6 +62,7 @@ class HostWorker:
         self.busy_s = 0.0
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
+        _LIVE.add(self)
 
     def _loop(self) -> None:
         dev = self._device
@@ -63,6 +82,7 @@ class HostWorker:
                     for ev in self._waiters:
                         ev.set()
                 self.busy_s += time.perf_counter() - t0
+            del item, fn, token  # the task's tensors are not kept alive while the worker waits
             with self._cv:
                 self._done_token = dev.worker_release()
                 self._pending -= 1
