@@ -436,14 +436,23 @@ def _cuda_profile(quick: bool, systems: bool = True) -> HardwareProfile:
         **_overhead_fields("cuda", quick, systems, sync, notes))
 
 
+def default_collective_ranks() -> int:
+    """Ranks to measure collectives on: 2 where this host can run two (two GPUs, or two cores), else 0."""
+    if torch.cuda.is_available():
+        return 2 if torch.cuda.device_count() >= 2 else 0
+    return 2 if (os.cpu_count() or 1) >= 2 else 0
+
+
 def calibrate(out_path: str | os.PathLike[str] | None = None, quick: bool = False,
               systems: bool = True, workloads: list[tuple[str, int, int]] | None = None,
-              dtype: str = "fp32", threads: int | None = None) -> HardwareProfile:
+              dtype: str = "fp32", threads: int | None = None, collectives: int | None = None) -> HardwareProfile:
     """Measure this machine; write the profile JSON atomically to ``out_path`` if given. ``systems``:
     also time each training system's step machinery on a degenerate model (not with ``quick``).
     ``workloads``: (model, seq, micro-batch) whose compute is also profiled (calibrate/compute.py), in
     ``dtype`` (autocast on a GPU; the harness's CPU runs are fp32). ``threads``: compute threads to
-    measure at (default: torch's current count); pass the sweep's ``--threads``."""
+    measure at (default: torch's current count); pass the sweep's ``--threads``. ``collectives``: ranks to
+    measure reduce-scatter / all-gather / all-reduce on (calibrate/collectives.py; None: 2 where this host
+    can, 0: not measured)."""
     if threads is not None:
         set_threads(threads)
 
@@ -460,6 +469,20 @@ def calibrate(out_path: str | os.PathLike[str] | None = None, quick: bool = Fals
         device = "cuda" if cuda else "cpu"
         prof.compute_profiles = compute.profile_workloads(workloads, device, dtype, mem)
         prof.notes.append(f"compute profiled for {len(workloads)} workload(s) in {dtype} on {device}")
+    ranks = default_collective_ranks() if collectives is None else collectives
+    if ranks:
+        from superoffload.calibrate import collectives as coll
+
+        measured = coll.measure(ranks, quick=quick)
+        prof.collectives = {"intra": measured}
+        # one node holds every rank the measurement can reach: the ranks of this host
+        prof.chips_per_node = max(prof.chips_per_node, torch.cuda.device_count() if cuda else (os.cpu_count() or 1))
+        lat, gbps = measured["latency_s"], measured["gbps"]
+        prof.notes.append(f"collectives on {ranks} {measured['backend']} ranks: reduce-scatter "
+                          f"{lat['reduce_scatter'] * 1e6:.0f} us/step + {gbps['reduce_scatter']:.2f} GB/s, all-gather "
+                          f"{lat['all_gather'] * 1e6:.0f} us + {gbps['all_gather']:.2f} GB/s, all-reduce "
+                          f"{lat['all_reduce'] * 1e6:.0f} us + {gbps['all_reduce']:.2f} GB/s; issuing from the "
+                          f"host worker thread {measured['worker_issue_s'] * 1e6:.0f} us")
     if out_path is not None:
         prof.save(out_path)
     return prof
@@ -469,7 +492,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         workloads = compute.parse_workloads(args.workloads) if args.workloads else None
         prof = calibrate(args.out, quick=args.quick, systems=not args.no_systems, workloads=workloads,
-                         dtype=args.dtype, threads=args.threads)
+                         dtype=args.dtype, threads=args.threads, collectives=args.collectives)
     except ValueError as e:
         print(f"superoffload calibrate: error: {e}", file=sys.stderr)
         return 2
@@ -495,4 +518,8 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
                         "use the --threads of the runs the profile will be compared with")
     p.add_argument("--dtype", default="fp32", choices=PRECISIONS,
                    help="compute dtype of --workloads (default fp32, what the CPU sweep runs)")
+    p.add_argument("--collectives", type=int, default=None, metavar="W",
+                   help="measure reduce-scatter, all-gather and all-reduce on W ranks of this host (gloo, or NCCL "
+                        "with W GPUs) at the sizes the engine issues; the cost model uses them for several-rank "
+                        "plans (default: 2 where the host can run two, 0: skip)")
     p.set_defaults(func=_run)

@@ -190,8 +190,14 @@ class _Costs:
     def device_cast(self, params: float) -> float:
         return self.hw.cast_seconds(params, on_host=False)
 
-    def collective(self, kind: str, nbytes: float) -> float:
-        return self.hw.collective_seconds(kind, nbytes, self.world, self.ranks_per_node)
+    def collective(self, kind: str, nbytes: float, calls: int = 1, worker: bool = False) -> float:
+        """`calls` collectives sharing `nbytes` (one per bucket of a group: each pays its latency), issued by
+        the host worker thread when `worker` (the calibrated cost of issuing one from there is added)."""
+        calls = max(1, calls)
+        t = calls * self.hw.collective_seconds(kind, nbytes / calls, self.world, self.ranks_per_node)
+        if worker and t > 0 and self.hw.collectives and "intra" in self.hw.collectives:
+            t += calls * float(self.hw.collectives["intra"].get("worker_issue_s", 0.0))
+        return t
 
     def device_copy(self, params: float) -> float:
         """An fp32 copy on the device: 4 B read + 4 B written per param at the device's copy rate."""
@@ -468,7 +474,7 @@ class _Builder:
         spec = self.spec
         if self.world <= 1 or spec.grad_reduce is None:
             return last
-        t = self.costs.collective(spec.grad_reduce, n * spec.grad_reduce_bytes)
+        t = self.costs.collective(spec.grad_reduce, n * spec.grad_reduce_bytes, calls=self.groups[j].real_buckets)
         op = self.graph.add(f"it{it}.{spec.grad_reduce}{j}", NET, t, [last], spec.grad_reduce, it)
         self._norm_ops.append(op)
         return op
@@ -516,7 +522,7 @@ class _Builder:
                 t = (group.params * ADAM_BYTES_PER_PARAM / (ov.torch_adam_gbps(hw) * 1e9) if spec.device_only
                      else hw.device_adam_seconds(shard))
                 op = graph.add(f"it{it}.dadam{p['j']}", COMPUTE, t, [p["ready"], validate], "device_adam", it)
-                op = self._gather_weights(it, f"d{p['j']}", op, group.params)
+                op = self._gather_weights(it, f"d{p['j']}", op, group.params, group.real_buckets)
                 for unit, _ in group.pieces:
                     unit_ready.setdefault(unit, []).append(op)
                 step_ops.append(op)
@@ -562,7 +568,7 @@ class _Builder:
                 if spec.return_device_cast:
                     t = costs.device_cast(mine)
                     last = graph.add(f"it{it}.rdcast{j}", COMPUTE, t, [last], "device_cast", it)
-                last = self._gather_weights(it, str(j), last, resident)
+                last = self._gather_weights(it, str(j), last, resident, group.real_buckets, worker=True)
                 for unit, _ in group.pieces:
                     if not self._is_streamed(unit):
                         unit_ready.setdefault(unit, []).append(last)
@@ -574,13 +580,16 @@ class _Builder:
                             unit_ready.setdefault(unit, []).append(last)
                 step_ops.append(last)
 
-    def _gather_weights(self, it: int, tag: str, last: int, params: float) -> int:
+    def _gather_weights(self, it: int, tag: str, last: int, params: float, calls: int = 1,
+                        worker: bool = False) -> int:
         """With several ranks: the updated weights of a bucket all-gathered after the rank's shard is back
-        (systems whose weights stay partitioned gather per layer instead, in ``_fetch``)."""
+        (systems whose weights stay partitioned gather per layer instead, in ``_fetch``); `calls` buckets,
+        issued by the host worker when `worker` (SuperOffload's return)."""
         spec = self.spec
         if self.world <= 1 or not spec.param_gather_bytes or spec.gather_per_layer or spec.all_layers_stream:
             return last
-        t = self.costs.collective("all_gather", params * spec.param_gather_bytes)
+        t = self.costs.collective("all_gather", params * spec.param_gather_bytes, calls=calls,
+                                  worker=worker and spec.name == "superoffload")
         return self.graph.add(f"it{it}.all_gather{tag}", NET, t, [last], "all_gather", it)
 
     def _step_overheads(self, it: int, validate: int, step_ops: list[int]) -> list[int]:

@@ -166,6 +166,11 @@ class HardwareProfile:
     # switched on. Only the tiled loss's weight-gradient GEMM runs in fp32 (sequence/loss.py); None: at
     # device_matmul_flops
     device_fp32_matmul_flops: float | None = None
+    # collectives measured by `calibrate` on the process group the engine runs with, per link class
+    # ("intra": ranks of one node; "inter": across nodes): {"backend", "world", "sizes" (bytes), "seconds":
+    # {kind: [...]}, "latency_s": {kind: a}, "gbps": {kind: b}, "worker_issue_s"} (calibrate/collectives.py).
+    # When present they replace the link numbers above for that class (docs/cost_model.md, "Collectives").
+    collectives: dict[str, dict[str, Any]] | None = None
 
     # --- derived rates ---------------------------------------------------------------------------
     def host_adam_seconds(self, params: float, host_optimizer: str, extra_bytes_per_param: float = 0.0) -> float:
@@ -185,7 +190,7 @@ class HardwareProfile:
         return elems * CAST_BYTES_PER_ELEM / (gbps * GB)
 
     def has_interconnect(self) -> bool:
-        return self.intra_node_gbps is not None and self.inter_node_gbps is not None
+        return bool(self.collectives) or (self.intra_node_gbps is not None and self.inter_node_gbps is not None)
 
     def collective_seconds(self, kind: str, nbytes: float, world: int, ranks_per_node: int | None = None) -> float:
         """One ring collective over ``world`` ranks; ``nbytes`` is the whole buffer (the gathered output
@@ -194,14 +199,21 @@ class HardwareProfile:
         reduce-scatter / all-gather: (W-1) steps of latency + (W-1)/W x nbytes / bandwidth per rank;
         all-reduce: twice that (a reduce-scatter then an all-gather). The ring crosses nodes when the
         ranks do not fit in one node (``ranks_per_node`` of them per node, default as many as a node
-        holds), and is then limited by the inter-node bandwidth. 0 for one rank, or when the profile has
-        no interconnect numbers."""
+        holds), and is then limited by the inter-node bandwidth. With calibrated collectives for that link
+        class: the measured time at the measured world size (interpolated in log-log between measured
+        sizes), else the same ring formula on the latency and bandwidth fitted to the measurement. 0 for
+        one rank, or when the profile has no interconnect numbers."""
         if kind not in COLLECTIVES:
             raise ValueError(f"collective must be one of {', '.join(COLLECTIVES)}, not {kind!r}")
         if world <= 1 or nbytes <= 0 or not self.has_interconnect():
             return 0.0
         per_node = ranks_per_node or min(world, max(1, self.chips_per_node))
         across = math.ceil(world / per_node) > 1
+        measured = (self.collectives or {}).get("inter" if across else "intra")
+        if measured is not None and kind in measured.get("seconds", {}):
+            return _measured_collective(measured, kind, nbytes, world)
+        if self.intra_node_gbps is None or self.inter_node_gbps is None:
+            return 0.0  # calibrated for one link class only, and this ring needs the other
         gbps = min(self.intra_node_gbps, self.inter_node_gbps) if across else self.intra_node_gbps  # type: ignore[type-var]
         latency = self.inter_node_latency_s if across else self.intra_node_latency_s
         one = (world - 1) * latency + (world - 1) / world * nbytes / (gbps * GB)  # type: ignore[operator]
@@ -259,6 +271,29 @@ class HardwareProfile:
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> HardwareProfile:
         return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+def _measured_collective(m: dict[str, Any], kind: str, nbytes: float, world: int) -> float:
+    sizes, secs = m["sizes"], m["seconds"][kind]
+    if world == m["world"] and sizes[0] <= nbytes <= sizes[-1]:
+        i = min(max(bisect_left(sizes, nbytes), 1), len(sizes) - 1)
+        lo, hi = sizes[i - 1], sizes[i]
+        f = (math.log(nbytes) - math.log(lo)) / (math.log(hi) - math.log(lo)) if hi > lo else 0.0
+        return math.exp(math.log(secs[i - 1]) + f * (math.log(secs[i]) - math.log(secs[i - 1])))
+    steps = world - 1  # the fitted per-step latency and per-rank bandwidth, on this ring
+    return steps * m["latency_s"][kind] + steps / world * nbytes / (m["gbps"][kind] * GB)
+
+
+def fit_collective(sizes: list[int], seconds: list[float], world: int) -> tuple[float, float]:
+    """(per-step latency s, per-rank GB/s) of a ring collective measured at `world` ranks over `sizes`: the
+    smallest messages' time (the best of the first three) is all latency, (W-1) steps of it; the slope from
+    there to the largest message is (W-1)/W / bandwidth."""
+    steps = max(1, world - 1)
+    small = min(seconds[:3])  # the smallest messages (noisy one by one)
+    latency = small / steps
+    slope = (seconds[-1] - small) / (sizes[-1] - sizes[0]) if sizes[-1] > sizes[0] else 0.0
+    gbps = (steps / world) / slope / GB if slope > 0 else float("inf")
+    return latency, gbps
 
 
 def workload_key(model: str, seq: int, batch: int) -> str:

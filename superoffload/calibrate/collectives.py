@@ -1,0 +1,165 @@
+"""The collectives the engine issues, measured on the process group it will run with.
+
+`superoffload calibrate --collectives W` starts W ranks on this host (gloo on 127.0.0.1 without CUDA; NCCL,
+one GPU per rank, with at least W GPUs) and times, at the sizes the engine issues, a reduce-scatter, an
+all-gather and an all-reduce (SUM, as the engine does): each time is the best of `repeats`, of the slowest
+rank (a collective ends when its last rank does). It also times the same small all-gather issued from a
+second thread on a group of its own, the way the engine's host worker issues the weights' all-gathers: the
+difference is the cost of issuing from the worker (`worker_issue_s`). The profile keeps, for the "intra"
+link class (ranks of one node), the measured curve per kind and its fit (latency per ring step, bandwidth
+per rank: planner/hardware.py `fit_collective`); the cost model then uses them instead of the preset's
+link numbers (docs/cost_model.md, "Collectives"). Across nodes ("inter") is measured the same way when
+calibrate runs under a launcher spanning nodes; here it is not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from superoffload.planner.hardware import COLLECTIVES, fit_collective
+
+SIZES = [4 << 10 << 2 * i for i in range(8)]  # 4 KiB .. 64 MiB, factors of 4
+QUICK_SIZES = SIZES[:5]  # .. 1 MiB
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def measure(world: int = 2, quick: bool = False, repeats: int | None = None, timeout_s: float = 300.0) -> dict:
+    """The "intra" measurement for `world` ranks of this host (see the module docstring)."""
+    if world < 2:
+        raise ValueError(f"--collectives needs at least 2 ranks, got {world}")
+    cuda = torch.cuda.is_available() and torch.cuda.device_count() >= world
+    backend = "nccl" if cuda else "gloo"
+    sizes = QUICK_SIZES if quick else SIZES
+    repeats = repeats or (3 if quick else 5)
+    port = _free_port()
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "collectives.json"
+        env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+        env["OMP_NUM_THREADS"] = "1"
+        procs = [subprocess.Popen([sys.executable, "-m", "superoffload.calibrate.collectives", "--rank", str(r),
+                                   "--world", str(world), "--port", str(port), "--backend", backend, "--out",
+                                   str(out), "--repeats", str(repeats), "--sizes", ",".join(map(str, sizes))],
+                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                 for r in range(world)]
+        deadline = time.monotonic() + timeout_s
+        logs = []
+        for p in procs:
+            try:
+                logs.append(p.communicate(timeout=max(1.0, deadline - time.monotonic()))[0])
+            except subprocess.TimeoutExpired:
+                for q in procs:
+                    q.kill()
+                raise RuntimeError(f"measuring collectives on {world} ranks timed out after {timeout_s:.0f} s") \
+                    from None
+        if any(p.returncode for p in procs) or not out.exists():
+            raise RuntimeError("measuring collectives failed:\n" + "\n".join(log[-1500:] for log in logs))
+        return json.loads(out.read_text())
+
+
+def _time(fn: Any, repeats: int, device: torch.device) -> float:
+    """Best of `repeats` of the slowest rank."""
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    fn()
+    sync()
+    best = float("inf")
+    for _ in range(repeats):
+        dist.barrier()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        best = min(best, time.perf_counter() - t0)
+    t = torch.tensor([best], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def _rank(a: argparse.Namespace) -> None:
+    dist.init_process_group(a.backend, init_method=f"tcp://127.0.0.1:{a.port}", rank=a.rank, world_size=a.world,
+                            timeout=datetime.timedelta(seconds=120))
+    device = torch.device("cuda", a.rank) if a.backend == "nccl" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    sizes = [int(x) for x in a.sizes.split(",")]
+    seconds: dict[str, list[float]] = {k: [] for k in COLLECTIVES}
+    rs = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    ag = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    for n in sizes:
+        elems = max(a.world, n // 4 // a.world * a.world)  # fp32, a multiple of the world (the engine pads)
+        full = torch.ones(elems, device=device)
+        part = torch.empty(elems // a.world, device=device)
+        seconds["reduce_scatter"].append(_time(lambda full=full, part=part: rs(part, full, op=dist.ReduceOp.SUM),
+                                               a.repeats, device))
+        seconds["all_gather"].append(_time(lambda full=full, part=part: ag(full, part), a.repeats, device))
+        seconds["all_reduce"].append(_time(lambda full=full: dist.all_reduce(full), a.repeats, device))
+    # the engine's host worker issues the weights' all-gathers from its own thread, on a group of its own
+    worker_group = dist.new_group(list(range(a.world)))
+    small = torch.ones(1024 * a.world, device=device)
+    small_part = torch.empty(1024, device=device)
+    main_t = _time(lambda: ag(small, small_part), a.repeats * 2, device)
+    box: list[float] = []
+
+    def from_thread() -> None:
+        best = float("inf")
+        for _ in range(a.repeats * 2):
+            t0 = time.perf_counter()
+            ag(small, small_part, group=worker_group, async_op=True).wait()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            best = min(best, time.perf_counter() - t0)
+        box.append(best)
+
+    dist.barrier()
+    th = threading.Thread(target=from_thread)
+    th.start()
+    th.join()
+    t = torch.tensor([box[0]], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    if a.rank == 0:
+        fits = {k: fit_collective(sizes, seconds[k], a.world) for k in COLLECTIVES}
+        out = {"backend": a.backend, "world": a.world, "sizes": sizes, "seconds": seconds,
+               "latency_s": {k: f[0] for k, f in fits.items()}, "gbps": {k: f[1] for k, f in fits.items()},
+               "worker_issue_s": max(0.0, float(t.item()) - main_t), "host": socket.gethostname(),
+               "measured_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
+        tmp = Path(a.out).with_suffix(".tmp")
+        tmp.write_text(json.dumps(out))
+        os.replace(tmp, a.out)
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description="one rank of `superoffload calibrate --collectives W`")
+    p.add_argument("--rank", type=int, required=True)
+    p.add_argument("--world", type=int, required=True)
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--backend", choices=["gloo", "nccl"], required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--sizes", required=True)
+    torch.set_num_threads(1)
+    _rank(p.parse_args())
+
+
+if __name__ == "__main__":
+    main()
