@@ -97,8 +97,37 @@ def format_plan(plan: Plan, shape: ModelShape) -> str:
         stages = sorted(p.stage_s.items(), key=lambda kv: -kv[1])
         lines += [f"    {k:<18} {v * 1e3:9.1f} ms" for k, v in stages]
         lines += [""] + format_memory(p.memory, plan.hbm_budget_bytes, chips > 1)
+    lines += format_alternatives(getattr(plan, "alternatives", {}))
     lines += ["", "Why:"] + [f"  - {r}" for r in plan.reasons]
     return "\n".join(lines)
+
+
+def _value(v: object) -> str:
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, list):
+        return format_ranges(v) if v else "none"
+    return f"{v:,}" if isinstance(v, int) else str(v)
+
+
+def format_alternatives(alternatives: dict) -> list[str]:
+    """Each choice against its runner-up, both priced on the final plan with only that knob changed."""
+    if not alternatives:
+        return []
+    lines = ["", "Runner-up per choice (predicted step with only that knob changed):"]
+    for key, a in alternatives.items():
+        chosen = _value(a["chosen"])
+        if a["step_s"] is not None:
+            chosen += f" {a['step_s'] * 1e3:.1f} ms"
+        if a["runner_up"] is None:
+            other = "none"
+        elif a["runner_up_step_s"] is None:
+            other = f"{_value(a['runner_up'])} (not priced)"
+        else:
+            gap = a["runner_up_step_s"] / a["step_s"] - 1 if a["step_s"] else 0.0
+            other = f"{_value(a['runner_up'])} {a['runner_up_step_s'] * 1e3:.1f} ms ({gap:+.1%})"
+        lines.append(f"  {key:<20} {chosen}; runner-up {other}: {a['why']}")
+    return lines
 
 
 def format_memory(memory: dict, budget: float | None = None, per_rank: bool = False) -> list[str]:

@@ -43,6 +43,10 @@ MIN_BUCKETS = 16  # keep at least this many buckets so transfers and host steps 
 STAGING_SHARE = 0.05  # bucket staging buffers may use at most this share of the HBM budget
 TAIL_STATE_BYTES = ADAM_STATE + BF16  # fp32 master, m, v + the bf16 gradient, per tail param
 FULL_COPY_MIN_GAIN = 0.01  # full_copy costs 12 B/param of host memory: take it only for a >= 1 % faster step
+# the bucket sizes the cost model prices against the link rule's (step 1): the rule sees neither the
+# per-collective latency of several ranks nor the per-bucket host cost; plus one bucket for the whole model
+BUCKET_FACTORS = (0.5, 2, 4, 8)
+BUCKET_MIN_GAIN = 0.01  # move off the link rule's bucket only for a >= 1 % faster predicted step
 MIN_LOSS_TILE = 1024  # tokens: tiled_token_losses' own default tile; smaller tiles make thin GEMMs
 
 
@@ -89,6 +93,9 @@ class Plan:
     sp: int = 1
     offload_checkpoints: bool = False
     loss_tile: int | None = None
+    # per choice (an ENGINE_KEYS name, "cast" for grad_cast + param_cast): what was chosen and its predicted
+    # step, the runner-up and its predicted step (None where memory left no other), and why (``_alternative``)
+    alternatives: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def engine_options(self, precision: str = "bf16") -> dict[str, Any]:
         """The plan as engine config keys and values, to merge over the engine's defaults. With fp32
@@ -245,31 +252,69 @@ def make_plan(shape: ModelShape, seq: int, batch: int, hardware: HardwareProfile
     flow = _choose_flow(w, hw, opts, budget, reasons)
     opts = replace(opts, flow_layers=tuple(flow))
 
+    alts: dict[str, dict[str, Any]] = {}
+    _flow_alternative(w, hw, opts, budget, flow, alts)
+
     # 4. casting, by the cost model
-    cast = _choose_cast(w, hw, opts, reasons)
+    cast = _choose_cast(w, hw, opts, reasons, alts)
     opts = replace(opts, grad_cast=cast, param_cast=cast)
 
     # 5. device tail buckets: minimise the step under the HBM budget
-    tail, pred = _choose_tail(w, hw, opts, budget, reasons)
+    tail, pred = _choose_tail(w, hw, opts, budget, reasons, alts)
     opts = replace(opts, device_tail_buckets=tail)
 
-    # 6. speculation: it uses a host that would otherwise wait for backward; when the device *is* the
+    # 6. the bucket size priced: the link rule's against larger and smaller ones and one bucket (each with
+    # its own best tail), by the predicted step; with several ranks each bucket is a collective
+    bucket, tail, pred = _refine_bucket(w, hw, opts, budget, pred, reasons, alts)
+    opts = replace(opts, bucket_size=bucket, device_tail_buckets=tail)
+
+    # 7. speculation: it uses a host that would otherwise wait for backward; when the device *is* the
     # host there is no idle processor, and the speculative pass plus the deferred commit cost cores
-    # that backward needs (docs/cost_model.md, planner step 7, has the measurement). Both give the same bits.
+    # that backward needs (docs/cost_model.md, planner step 8, has the measurement). Both give the same bits.
     speculation = not hw.device_is_host
     if not speculation:
         reasons.append("Speculation: off: the device is the host, so there is no idle host to overlap "
                        "with backward; validate-then-step is the same arithmetic with one pass fewer.")
+        on = pred
         pred = predict("superoffload", w, hw, replace(opts, speculation=False))
+        alts["speculation"] = _alternative(False, pred, True, on,
+                                           "the device is the host: the cost model cannot see the cores the "
+                                           "speculative pass takes from backward, so it is not asked")
     else:
-        rollback, pred = _prefer_full_copy(w, hw, replace(opts, rollback_mode=rollback), pred, reasons)
+        rollback, pred = _prefer_full_copy(w, hw, replace(opts, rollback_mode=rollback), pred, reasons, alts)
+        off = predict("superoffload", w, hw, replace(opts, rollback_mode=rollback, speculation=False))
+        alts["speculation"] = _alternative(True, pred, False, off, "an idle host overlaps backward")
+    _price_alternatives(w, hw, replace(opts, rollback_mode=rollback, speculation=speculation), pred, alts)
     return Plan(model=shape.name, seq=seq, batch=batch, hardware=hw.name,
                 activation_checkpointing=activation_checkpointing, bucket_size=bucket,
                 device_tail_buckets=tail, grad_cast=cast, param_cast=cast, flow_layers=list(flow),
                 host_optimizer=kind, rollback_mode=rollback, speculation=speculation, hbm_budget_bytes=budget,
                 grad_accum=grad_accum, flow_prefetch=opts.flow_prefetch, predicted=pred, reasons=reasons,
                 chips=chips, ranks_per_node=ranks_per_node, sp=w.sp, offload_checkpoints=w.offload_checkpoints,
-                loss_tile=w.loss_tile)
+                loss_tile=w.loss_tile, alternatives=alts)
+
+
+def _price_alternatives(w: Workload, hw: HardwareProfile, opts: Options, pred: Prediction,
+                        alts: dict[str, dict[str, Any]]) -> None:
+    """Each choice was priced when it was made, before the later ones; price every chosen value and runner-up
+    again on the final plan, changing that one knob (the bucket's runner-up with its own tail), so that
+    each pair compares like with like and the chosen step is the plan's."""
+    for key, alt in alts.items():
+        if alt["step_s"] is not None:
+            alt["step_s"] = pred.step_time_s
+        if alt["runner_up_step_s"] is None:
+            continue
+        knob = {"grad_cast": alt["runner_up"], "param_cast": alt["runner_up"]} if key == "cast" \
+            else {key: alt["runner_up"], **alt.get("runner_up_with", {})}
+        alt["runner_up_step_s"] = predict("superoffload", w, hw, replace(opts, **knob)).step_time_s
+
+
+def _alternative(chosen: Any, chosen_pred: Prediction | None, runner_up: Any = None,
+                 runner_pred: Prediction | None = None, why: str = "") -> dict[str, Any]:
+    """One choice for ``Plan.alternatives``: values as the engine config spells them, steps in seconds."""
+    return {"chosen": chosen, "step_s": chosen_pred.step_time_s if chosen_pred else None,
+            "runner_up": runner_up, "runner_up_step_s": runner_pred.step_time_s if runner_pred else None,
+            "why": why}
 
 
 def _chips_reason(w: Workload, hw: HardwareProfile) -> str:
@@ -281,12 +326,22 @@ def _chips_reason(w: Workload, hw: HardwareProfile) -> str:
         return (f"Chips: {ranks}; {hw.name} has no interconnect numbers, so their "
                 "collectives are not charged.")
     across = nodes > 1
-    gbps = min(hw.intra_node_gbps, hw.inter_node_gbps) if across else hw.intra_node_gbps  # type: ignore[type-var]
+    measured = (hw.collectives or {}).get("inter" if across else "intra")
+    if measured is not None:
+        lat, gbps_m = measured["latency_s"], measured["gbps"]
+        link = (f"as calibrated on {measured['world']} {measured['backend']} ranks (reduce-scatter "
+                f"{lat['reduce_scatter'] * 1e6:.0f} us per ring step + {gbps_m['reduce_scatter']:.2f} GB/s, "
+                f"all-gather {lat['all_gather'] * 1e6:.0f} us + {gbps_m['all_gather']:.2f} GB/s)")
+    elif hw.intra_node_gbps is None or hw.inter_node_gbps is None:
+        link = "with no numbers for this link class, so not charged"
+    else:
+        gbps = min(hw.intra_node_gbps, hw.inter_node_gbps) if across else hw.intra_node_gbps
+        link = f"at {gbps:.0f} GB/s per rank"
     return (f"Chips: {ranks} ({per_node} per node, {nodes} node{'s' if nodes > 1 else ''}); "
             f"each host holds 1/{w.chips} of the fp32 master and Adam state and steps it; per bucket a "
             f"reduce-scatter of the gradient (its dtype: see Casting) and an all-gather of the weights, per "
             f"step one all-reduce of the norm, over "
-            f"{'the inter-node network' if across else 'the intra-node links'} at {gbps:.0f} GB/s per rank.")
+            f"{'the inter-node network' if across else 'the intra-node links'} {link}.")
 
 
 def _choose_bucket(params: int, hw: HardwareProfile, budget: float, reasons: list[str], chips: int = 1) -> int:
@@ -297,7 +352,7 @@ def _choose_bucket(params: int, hw: HardwareProfile, budget: float, reasons: lis
     sat = saturating_bucket_bytes(hw)
     bucket = max(1, sat // 4) * chips  # fp32 gradient elements (device-cast policy moves 4 B/param)
     bound_pipe = max(1, params // MIN_BUCKETS)
-    bound_mem = max(1, int(STAGING_SHARE * budget / (2 * (BF16 + 4) + 2 * 4)))
+    bound_mem = _staging_cap(budget)
     chosen = min(bucket, bound_pipe, bound_mem)
     shard = f" (x{chips} chips: each rank copies a 1/{chips} shard)" if chips > 1 else ""
     reasons.append(
@@ -309,11 +364,78 @@ def _choose_bucket(params: int, hw: HardwareProfile, budget: float, reasons: lis
     return chosen
 
 
-def _choose_cast(w: Workload, hw: HardwareProfile, opts: Options, reasons: list[str]) -> str:
+def _refine_bucket(w: Workload, hw: HardwareProfile, opts: Options, budget: float, pred: Prediction,
+                   reasons: list[str], alts: dict[str, dict[str, Any]]) -> tuple[int, int, Prediction]:
+    """The link rule's bucket (step 1) against BUCKET_FACTORS times it and one bucket for the whole model,
+    each with its own best device tail, under the same staging and HBM bounds: the rule sees neither the
+    latency every bucket's collectives pay with several ranks (calibrated: HardwareProfile.collectives) nor
+    the per-bucket host cost; the cost model prices both. Returns (bucket, tail, prediction)."""
+    base, n = opts.bucket_size, w.shape.total_params()
+    cap = _staging_cap(budget)
+    results: dict[int, tuple[int, Prediction]] = {base: (opts.device_tail_buckets, pred)}
+    _, tail_params = bk.split_params(w.shape, opts.device_tail_buckets, base)
+    for b in sorted({max(1, min(n, int(base * f))) for f in BUCKET_FACTORS} | {n}):
+        # priced with about the same tail params (its own tail is searched once it wins: a tail search
+        # per candidate would multiply the planner's time)
+        t = _tail_holding(w, b, tail_params)
+        o = replace(opts, bucket_size=b, device_tail_buckets=t)
+        if b in results or b > cap or _device_need(w, hw, o) > budget:
+            continue
+        results[b] = (t, predict("superoffload", w, hw, o))
+    best = min(results, key=lambda b: (results[b][1].step_time_s, b))
+    if results[best][1].step_time_s > pred.step_time_s * (1 - BUCKET_MIN_GAIN):
+        best = base
+    tail_alts: dict[str, dict[str, Any]] = {}
+    if best != base:
+        results[best] = _choose_tail(w, hw, replace(opts, bucket_size=best, device_tail_buckets=0), budget, [],
+                                     tail_alts)
+    others = [b for b in results if b != best]
+    runner = min(others, key=lambda b: results[b][1].step_time_s) if others else None
+    tail, p = results[best]
+    priced = ", ".join(f"{b / 1e6:.2f}M {results[b][1].step_time_s * 1e3:.1f} ms" for b in sorted(results))
+    collectives = (f"; with {w.chips} ranks every bucket is a reduce-scatter and an all-gather"
+                   + (" (their latency calibrated)" if hw.collectives else "") if w.chips > 1 else "")
+    reasons.append(
+        f"Bucket priced: {best / 1e6:.2f}M params ({math.ceil(n / best)} bucket(s)), predicted step "
+        f"{p.step_time_s * 1e3:.1f} ms; candidates {priced}{collectives}."
+        + ("" if best == base else f" The link rule's {base / 1e6:.2f}M predicts {pred.step_time_s * 1e3:.1f} ms"
+           f"; device tail re-chosen for it: {tail} bucket(s)."))
+    alts["bucket_size"] = _alternative(best, p, runner, results[runner][1] if runner else None,
+                                       "the fastest predicted step of the candidates (each with its best "
+                                       f"tail); the link rule's unless another is >= {BUCKET_MIN_GAIN:.0%} faster")
+    if runner is not None:
+        alts["bucket_size"]["runner_up_with"] = {"device_tail_buckets": results[runner][0]}
+    alts.update(tail_alts)
+    return best, tail, p
+
+
+def _tail_holding(w: Workload, bucket: int, params: int) -> int:
+    """The fewest last buckets of size `bucket` holding at least `params` params (0 for none)."""
+    if params <= 0:
+        return 0
+    held = 0
+    for i, b in enumerate(reversed(bk.pack_buckets(w.shape, bucket)), 1):
+        held += sum(p for _, p in b)
+        if held >= params:
+            return i
+    return i
+
+
+def _staging_cap(budget: float) -> int:
+    """Elements per bucket whose staging buffers (two bf16 + fp32 gradient slots, two fp32 returns) stay
+    under STAGING_SHARE of the HBM budget."""
+    return max(1, int(STAGING_SHARE * budget / (2 * (BF16 + 4) + 2 * 4)))
+
+
+def _choose_cast(w: Workload, hw: HardwareProfile, opts: Options, reasons: list[str],
+                 alts: dict[str, dict[str, Any]]) -> str:
     """Where bf16 <-> fp32 casts run, the same side for gradients and parameters: both are simulated and
     the faster wins (a tie goes to the device)."""
     preds = {c: predict("superoffload", w, hw, replace(opts, grad_cast=c, param_cast=c)) for c in ("device", "host")}
     cast = min(preds, key=lambda c: (preds[c].step_time_s, c != "device"))
+    other = "host" if cast == "device" else "device"
+    alts["cast"] = _alternative(cast, preds[cast], other, preds[other],
+                                "grad_cast and param_cast on the same side; the faster predicted step")
     link_bw = hw.link("d2h").bandwidth(saturating_bucket_bytes(hw))
     # bytes / (GB/s) is nanoseconds; x1e3 gives picoseconds per parameter
     dev_ps = (6 / hw.device_cast_gbps + 4 / link_bw) * 1e3
@@ -389,17 +511,24 @@ def _choose_rollback_mode(w: Workload, hw: HardwareProfile, opts: Options, reaso
 
 
 def _prefer_full_copy(w: Workload, hw: HardwareProfile, opts: Options, pred: Prediction,
-                      reasons: list[str]) -> tuple[str, Prediction]:
+                      reasons: list[str], alts: dict[str, dict[str, Any]]) -> tuple[str, Prediction]:
     """full_copy double-buffers the host state (12 B/param of host memory): its speculative pass writes
     the new state to the spare set and nothing runs after validation, where deferred needs a commit pass
     that competes with the next step's host work. Take it where it fits and the cost model says it wins."""
     alt = replace(opts, rollback_mode="full_copy")
     need, cap = _host_need(w, hw, alt), _host_capacity(w, hw, alt)
     if need > cap:
+        alts["rollback_mode"] = _alternative(opts.rollback_mode, pred, "full_copy", None,
+                                             f"full_copy does not fit host memory ({_gb(need)} of {_gb(cap)})")
         return opts.rollback_mode, pred
     alt_pred = predict("superoffload", w, hw, alt)
     if alt_pred.step_time_s >= pred.step_time_s * (1 - FULL_COPY_MIN_GAIN):
+        alts["rollback_mode"] = _alternative(opts.rollback_mode, pred, "full_copy", alt_pred,
+                                             f"full_copy costs 12 B/param of host memory: taken only for a "
+                                             f">= {FULL_COPY_MIN_GAIN:.0%} faster step")
         return opts.rollback_mode, pred
+    alts["rollback_mode"] = _alternative("full_copy", alt_pred, opts.rollback_mode, pred,
+                                         f"fits host memory ({_gb(need)} of {_gb(cap)}) and predicts a faster step")
     reasons.append(f"Rollback mode: 'full_copy' instead ({ROLLBACK_EXTRA_HOST_BYTES['full_copy']} B/param extra host "
                    f"memory, host needs {_gb(need)} of {_gb(cap)}): no commit pass after validation; predicted "
                    f"step {alt_pred.step_time_s * 1e3:.1f} ms vs {pred.step_time_s * 1e3:.1f} ms with 'deferred'.")
@@ -581,6 +710,20 @@ def _choose_flow(w: Workload, hw: HardwareProfile, opts: Options, budget: float,
     return flow
 
 
+def _flow_alternative(w: Workload, hw: HardwareProfile, opts: Options, budget: float, flow: list[int],
+                      alts: dict[str, dict[str, Any]]) -> None:
+    """Flow is a memory choice: the fewest layers that fit. The runner-up is one layer fewer, which does not
+    fit (no prediction), or, with none flowing, the first layer that would."""
+    if flow:
+        fewer = flow[1:]
+        need = _device_need(w, hw, replace(opts, flow_layers=tuple(fewer)))
+        alts["flow_layers"] = _alternative(list(flow), None, list(fewer), None,
+                                           f"the fewest flowing layers that fit: {len(fewer)} would need "
+                                           f"{_gb(need)} of {_gb(budget)}")
+    else:
+        alts["flow_layers"] = _alternative([], None, why="every layer's weights fit on the device")
+
+
 def _raise_hbm(w: Workload, hw: HardwareProfile, opts: Options, budget: float) -> None:
     sh = w.shape
     all_flow = replace(opts, flow_layers=tuple(range(sh.layers)))
@@ -615,13 +758,15 @@ def _raise_hbm(w: Workload, hw: HardwareProfile, opts: Options, budget: float) -
 
 
 def _choose_tail(w: Workload, hw: HardwareProfile, opts: Options, budget: float,
-                 reasons: list[str]) -> tuple[int, Prediction]:
+                 reasons: list[str], alts: dict[str, dict[str, Any]]) -> tuple[int, Prediction]:
     if hw.device_is_host:
         # one processor: a tail bucket moves work from a host step that overlaps backward (on the worker)
         # to a serial step after it, on the same cores; the cost model cannot see that contention
         reasons.append("Device tail: 0 buckets: the device is the host itself, so a tail bucket only turns "
                        "an overlapped host step into a serial one on the same cores.")
-        return 0, predict("superoffload", w, hw, replace(opts, device_tail_buckets=0))
+        pred = predict("superoffload", w, hw, replace(opts, device_tail_buckets=0))
+        alts["device_tail_buckets"] = _alternative(0, pred, why="the device is the host: not priced")
+        return 0, pred
     # the engine's buckets (whole tensors, uneven), last first: as many as their state fits in HBM
     free = budget - _device_need(w, hw, opts)
     max_tail = 0
@@ -648,6 +793,11 @@ def _choose_tail(w: Workload, hw: HardwareProfile, opts: Options, budget: float,
         run(t)
     best = min(cache, key=lambda t: (round(cache[t].step_time_s, 9), t))
     p0, pb = cache[0], cache[best]
+    others = [t for t in cache if t != best]
+    runner = min(others, key=lambda t: (cache[t].step_time_s, t)) if others else None
+    alts["device_tail_buckets"] = _alternative(
+        best, pb, runner, cache[runner] if runner is not None else None,
+        f"the fastest predicted step of {len(cache)} tails priced (room for up to {max_tail})")
     _, tail_params = bk.split_params(w.shape, best, opts.bucket_size)
     reasons.append(
         f"Device tail: {best} bucket(s) ({tail_params / 1e6:.0f}M params, "
