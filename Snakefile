@@ -1,5 +1,5 @@
 # SuperOffload benchmark workflow (Snakemake 9). Targets: all (default), figures, seqlen, ablation, nightly,
-# calibrate, report, convergence. See docs/workflow.md.
+# calibrate, report, convergence, plan_optimality. See docs/workflow.md.
 from snakemake.utils import min_version
 
 min_version("9.0")
@@ -21,6 +21,7 @@ include: "workflows/rules/report.smk"
 include: "workflows/rules/nightly.smk"
 include: "workflows/rules/convergence.smk"
 include: "workflows/rules/seqlen.smk"
+include: "workflows/rules/optimality.smk"
 
 
 # Aggregation, predictions and rendering never go to a cluster scheduler.
@@ -41,6 +42,7 @@ localrules:
     nightly_compare,
     convergence,
     seqlen,
+    plan_optimality,
 
 
 rule all:
@@ -87,6 +89,11 @@ rule convergence:
     input:
         CONVERGENCE_FILE,
         CONVERGENCE_FIGURE,
+
+
+rule plan_optimality:
+    input:
+        PLAN_OPTIMALITY_FILE,
 
 
 onstart:

@@ -11,6 +11,7 @@ the fields a schema defines and a file that does not follow it is reported as su
 | ``cast_bench`` | ``superoffload bench cast`` | ``cast_bench.schema.json`` |
 | ``memory_bench`` | ``superoffload bench memory`` | ``memory_bench.schema.json`` |
 | ``convergence`` | ``python -m superoffload.finetune.convergence`` | ``convergence.schema.json`` |
+| ``plan_optimality`` | ``python benchmarks/plan_optimality.py`` | ``plan_optimality.schema.json`` |
 
 Reports and regression checks read only these files (docs/measurement.md).
 """
@@ -29,7 +30,7 @@ import jsonschema
 
 SCHEMA_FILES = {"run": "record.schema.json", "adam_bench": "adam_bench.schema.json",
                 "cast_bench": "cast_bench.schema.json", "memory_bench": "memory_bench.schema.json",
-                "convergence": "convergence.schema.json"}
+                "convergence": "convergence.schema.json", "plan_optimality": "plan_optimality.schema.json"}
 SCHEMA_PATH = Path(__file__).with_name(SCHEMA_FILES["run"])
 
 

@@ -8,7 +8,7 @@ import pytest
 import yaml
 from wf_helpers import ROOT, snakemake
 
-TARGETS = ["all", "figures", "seqlen", "ablation", "nightly", "calibrate", "report"]
+TARGETS = ["all", "figures", "seqlen", "ablation", "nightly", "calibrate", "report", "plan_optimality"]
 
 
 @pytest.mark.parametrize("target", TARGETS)
