@@ -8,8 +8,16 @@ second thread on a group of its own, the way the engine's host worker issues the
 difference is the cost of issuing from the worker (`worker_issue_s`). The profile keeps, for the "intra"
 link class (ranks of one node), the measured curve per kind and its fit (latency per ring step, bandwidth
 per rank: planner/hardware.py `fit_collective`); the cost model then uses them instead of the preset's
-link numbers (docs/cost_model.md, "Collectives"). Across nodes ("inter") is measured the same way when
-calibrate runs under a launcher spanning nodes; here it is not.
+link numbers (docs/cost_model.md, "Collectives").
+
+Across nodes ("inter"), the ranks are started by the cluster's launcher instead, one per chip, and rank 0
+adds the measurement to an existing profile:
+
+    srun --nodes 2 --ntasks-per-node 4 python -m superoffload.calibrate.collectives --launched --profile hw.json
+
+(or torchrun on each node). A launched rank reads RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT (torchrun's) or
+SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID with MASTER_ADDR / MASTER_PORT set by the job script. The link class
+is "inter" when the ranks are on more than one host, else "intra".
 """
 
 from __future__ import annotations
@@ -95,10 +103,40 @@ def _time(fn: Any, repeats: int, device: torch.device) -> float:
     return float(t.item())
 
 
+def link_class(hostnames: list[str]) -> str:
+    """"inter" when the ranks span more than one host, else "intra" (HardwareProfile.collectives' keys)."""
+    return "inter" if len(set(hostnames)) > 1 else "intra"
+
+
+def launched_rank() -> tuple[int, int, int]:
+    """(rank, world, local rank) of a rank started by torchrun or srun; ValueError naming what is missing."""
+    env = os.environ
+    rank = env.get("RANK", env.get("SLURM_PROCID"))
+    world = env.get("WORLD_SIZE", env.get("SLURM_NTASKS"))
+    local = env.get("LOCAL_RANK", env.get("SLURM_LOCALID", "0"))
+    missing = [k for k, v in (("RANK or SLURM_PROCID", rank), ("WORLD_SIZE or SLURM_NTASKS", world),
+                              ("MASTER_ADDR", env.get("MASTER_ADDR")), ("MASTER_PORT", env.get("MASTER_PORT")))
+               if not v]
+    if missing:
+        raise ValueError(f"--launched needs the launcher's rank variables; missing: {', '.join(missing)} (start it "
+                         "with torchrun, or with srun and MASTER_ADDR / MASTER_PORT exported by the job script)")
+    return int(rank), int(world), int(local)  # type: ignore[arg-type]
+
+
 def _rank(a: argparse.Namespace) -> None:
-    dist.init_process_group(a.backend, init_method=f"tcp://127.0.0.1:{a.port}", rank=a.rank, world_size=a.world,
+    if a.launched:
+        a.rank, a.world, local = launched_rank()
+        if a.world < 2:
+            raise ValueError(f"--launched needs at least 2 ranks, got WORLD_SIZE {a.world}")
+        a.backend = a.backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        init = "env://"
+        os.environ.setdefault("RANK", str(a.rank))
+        os.environ.setdefault("WORLD_SIZE", str(a.world))
+    else:
+        local, init = a.rank, f"tcp://127.0.0.1:{a.port}"
+    dist.init_process_group(a.backend, init_method=init, rank=a.rank, world_size=a.world,
                             timeout=datetime.timedelta(seconds=120))
-    device = torch.device("cuda", a.rank) if a.backend == "nccl" else torch.device("cpu")
+    device = torch.device("cuda", local) if a.backend == "nccl" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
     sizes = [int(x) for x in a.sizes.split(",")]
@@ -136,29 +174,66 @@ def _rank(a: argparse.Namespace) -> None:
     th.join()
     t = torch.tensor([box[0]], dtype=torch.float64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    hosts: list[Any] = [None] * a.world
+    dist.all_gather_object(hosts, socket.gethostname())
     if a.rank == 0:
         fits = {k: fit_collective(sizes, seconds[k], a.world) for k in COLLECTIVES}
         out = {"backend": a.backend, "world": a.world, "sizes": sizes, "seconds": seconds,
                "latency_s": {k: f[0] for k, f in fits.items()}, "gbps": {k: f[1] for k, f in fits.items()},
                "worker_issue_s": max(0.0, float(t.item()) - main_t), "host": socket.gethostname(),
+               "hosts": len(set(hosts)), "link_class": link_class(hosts),
                "measured_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
-        tmp = Path(a.out).with_suffix(".tmp")
-        tmp.write_text(json.dumps(out))
-        os.replace(tmp, a.out)
+        if a.profile:
+            add_to_profile(a.profile, out)
+        else:
+            tmp = Path(a.out).with_suffix(".tmp")
+            tmp.write_text(json.dumps(out))
+            os.replace(tmp, a.out)
     dist.destroy_process_group()
 
 
+def add_to_profile(path: str | os.PathLike[str], measured: dict[str, Any]) -> None:
+    """Store a measurement in the profile at `path` under its link class (atomically; the other class kept)."""
+    from superoffload.planner.hardware import HardwareProfile
+
+    prof = HardwareProfile.load(path)
+    cls = measured["link_class"]
+    prof.collectives = {**(prof.collectives or {}), cls: measured}
+    if cls == "inter":
+        # the ranks per node of this measurement: a ring of more ranks than that leaves the node
+        prof.chips_per_node = max(1, measured["world"] // max(1, measured["hosts"]))
+    prof.notes.append(f"collectives ({cls}) on {measured['world']} {measured['backend']} ranks over "
+                      f"{measured['hosts']} host(s), measured {measured['measured_utc']}")
+    prof.save(path)
+
+
 def main() -> None:
-    p = argparse.ArgumentParser(description="one rank of `superoffload calibrate --collectives W`")
-    p.add_argument("--rank", type=int, required=True)
-    p.add_argument("--world", type=int, required=True)
-    p.add_argument("--port", type=int, required=True)
-    p.add_argument("--backend", choices=["gloo", "nccl"], required=True)
-    p.add_argument("--out", required=True)
+    p = argparse.ArgumentParser(description="one rank of `superoffload calibrate --collectives W`, or (--launched) "
+                                "one rank of a measurement started by torchrun / srun, possibly across nodes")
+    p.add_argument("--launched", action="store_true",
+                   help="take rank and world from the launcher's environment (RANK/WORLD_SIZE or SLURM_*)")
+    p.add_argument("--profile", default=None,
+                   help="with --launched: the calibrate profile JSON that rank 0 adds the measurement to")
+    p.add_argument("--rank", type=int)
+    p.add_argument("--world", type=int)
+    p.add_argument("--port", type=int)
+    p.add_argument("--backend", choices=["gloo", "nccl"], default=None)
+    p.add_argument("--out")
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--sizes", required=True)
+    p.add_argument("--sizes", default=",".join(map(str, SIZES)))
+    a = p.parse_args()
+    if a.launched:
+        if not a.profile or not Path(a.profile).is_file():
+            p.error("--launched needs --profile PATH, an existing profile written by `superoffload calibrate`")
+    elif None in (a.rank, a.world, a.port, a.backend, a.out):
+        p.error("without --launched: --rank, --world, --port, --backend and --out are required "
+                "(`superoffload calibrate --collectives W` passes them)")
     torch.set_num_threads(1)
-    _rank(p.parse_args())
+    try:
+        _rank(a)
+    except ValueError as e:
+        print(f"superoffload.calibrate.collectives: error: {e}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -63,3 +64,42 @@ def test_the_cost_model_uses_the_measurement_instead_of_the_preset(measured) -> 
     assert bare.collective_seconds("all_reduce", sizes[-1], 2, ranks_per_node=1) == 0.0
     # a profile written and read back keeps them
     assert type(prof).from_dict(prof.to_dict()).collectives == prof.collectives
+
+
+def test_ranks_started_by_a_launcher_add_their_measurement_to_a_profile(tmp_path) -> None:
+    """The across-nodes way (srun / torchrun on every node), here as torchrun with two ranks on this host: the
+    link class is then "intra", and the profile's other fields are kept."""
+    import shutil
+    import subprocess
+    import sys
+
+    from superoffload.planner.hardware import HardwareProfile
+    from tests.ranks import REPO, free_port, rank_env
+
+    path = tmp_path / "hw.json"
+    get_profile("cpu").save(path)
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
+    res = subprocess.run([torchrun, "--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port",
+                          str(free_port()), "-m", "superoffload.calibrate.collectives", "--launched", "--profile",
+                          str(path), "--sizes", "4096,65536,1048576", "--repeats", "2"],
+                         cwd=REPO, env=rank_env(), capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    prof = HardwareProfile.load(path)
+    m = prof.collectives["intra"]
+    assert m["world"] == 2 and m["hosts"] == 1 and m["link_class"] == "intra" and m["sizes"] == [4096, 65536, 1048576]
+    assert prof.name == "cpu" and prof.intra_node_gbps == get_profile("cpu").intra_node_gbps
+
+
+def test_link_class_and_launcher_variables(monkeypatch) -> None:
+    assert coll.link_class(["a", "a"]) == "intra" and coll.link_class(["a", "b", "a"]) == "inter"
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "MASTER_ADDR",
+              "MASTER_PORT"):
+        monkeypatch.delenv(k, raising=False)
+    with pytest.raises(ValueError, match="missing: RANK or SLURM_PROCID, WORLD_SIZE or SLURM_NTASKS, MASTER_ADDR"):
+        coll.launched_rank()
+    monkeypatch.setenv("SLURM_PROCID", "5")
+    monkeypatch.setenv("SLURM_NTASKS", "8")
+    monkeypatch.setenv("SLURM_LOCALID", "1")
+    monkeypatch.setenv("MASTER_ADDR", "node0")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    assert coll.launched_rank() == (5, 8, 1)
