@@ -25,6 +25,7 @@ import torch
 
 from superoffload.calibrate import compute
 from superoffload.calibrate.threads import set_threads
+from superoffload.harness.peak import gpu_peak_flops
 from superoffload.options import PRECISIONS
 from superoffload.planner.hardware import (
     ADAM_BYTES_PER_PARAM,
@@ -41,9 +42,6 @@ from superoffload.planner.presets import ADAM_8B_SECONDS, ATTENTION_FACTOR, MATM
 # for a kernel this machine cannot run; the profile's notes say which ones were derived.
 _ADAM_RATIO_TO_TORCH = {k: ADAM_8B_SECONDS["torch"] / t for k, t in ADAM_8B_SECONDS.items()}
 
-# Dense bf16 peaks by device-name substring (torchtitan tools/utils.py get_peak_flops); order matters.
-_PEAKS = [("GH200", 989e12), ("H200", 989e12), ("H100 PCIe", 756e12), ("H100 NVL", 835e12),
-          ("H100", 989e12), ("A100", 312e12), ("B200", 2.25e15), ("GB200", 2.5e15)]
 
 
 def _best(fn: Callable[[], None], repeats: int, sync: Callable[[], None] = lambda: None) -> float:
@@ -401,7 +399,9 @@ def _cuda_profile(quick: bool, systems: bool = True) -> HardwareProfile:
     links = {f"{d}_{'pinned' if p else 'pageable'}": _cuda_link(d, p, sizes, repeats)
              for d in ("h2d", "d2h") for p in (True, False)}
     matmul = _matmul_flops("cuda", torch.bfloat16, 4096 if quick else 8192, repeats, sync)
-    peak = next((v for k, v in _PEAKS if k in name), matmul / MATMUL_EFFICIENCY)
+    # the MFU table the harness measures with (one table: a copy here once matched "B200" before "GB200")
+    table_peak = gpu_peak_flops(name)
+    peak = table_peak if table_peak is not None else matmul / MATMUL_EFFICIENCY
     try:
         attention = _attention_factor("cuda", torch.bfloat16, quick, matmul, sync)
     except RuntimeError:
@@ -418,7 +418,7 @@ def _cuda_profile(quick: bool, systems: bool = True) -> HardwareProfile:
         ev.synchronize()
 
     adam, notes = _adam_rates(quick)
-    notes.append(f"device {name}; peak {'from table' if any(k in name for k, _ in _PEAKS) else 'estimated'}")
+    notes.append(f"device {name}; peak {'from table' if table_peak is not None else 'estimated'}")
     return HardwareProfile(
         name=f"{name.lower().replace(' ', '-')}-calibrated",
         source=f"calibrated on {socket.gethostname()} at {time.strftime('%Y-%m-%dT%H:%M:%S')}"

@@ -33,3 +33,13 @@ def test_add_cli_wires_calibrate() -> None:
     calibrate_mod.add_cli(sub)
     args = parser.parse_args(["calibrate", "--quick", "--threads", "1"])
     assert args.func is not None and args.threads == 1 and args.quick
+
+
+def test_calibrate_reads_the_peak_from_the_harness_table() -> None:
+    """One MFU table: calibrate's own copy matched "B200" inside "NVIDIA GB200" and gave it B200's peak."""
+    from superoffload.harness import peak
+
+    assert calibrate_mod.gpu_peak_flops is peak.gpu_peak_flops
+    assert peak.gpu_peak_flops("NVIDIA GB200") == 2.5e15 and peak.gpu_peak_flops("NVIDIA B200") == 2.25e15
+    assert peak.gpu_peak_flops("NVIDIA GH200 480GB") == peak.gpu_peak_flops("NVIDIA H100 80GB HBM3") == 989e12
+    assert peak.gpu_peak_flops("NVIDIA H100 PCIe") == 756e12
