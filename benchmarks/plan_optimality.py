@@ -24,7 +24,8 @@ every repeat's tokens/s per rank, the median and the range, and the cost model's
 plan's options with that knob changed, priced on the same profile). Per point: planned / best measured
 tokens/s, which configuration was best, and the Spearman correlation between the predicted and the measured
 ranking. The file (``superoffload/harness/plan_optimality.schema.json``) is rewritten atomically after every
-run; run the same command again and it resumes where it stopped, keeping what was measured.
+run; run the same command again and it resumes where it stopped, keeping what was measured (with another
+``--repeats`` too: more extends a finished run, fewer ends a long one at that count).
 
 The goal on a machine is planned >= 0.95 of the best measured at every point (``summary``); the script exits 0
 either way (it measures, it does not judge), and 2 on a bad argument.
@@ -180,7 +181,8 @@ def build_points(args: argparse.Namespace) -> tuple[list[dict], Any]:
         shape = get_shape(model)
         for world in args.world:
             for dtype in args.dtype:
-                plan = make_plan(shape, seq, batch, hw, activation_checkpointing=False, chips=world)
+                plan = make_plan(shape, seq, batch, hw, activation_checkpointing=False, chips=world,
+                                 precision=dtype)  # as the run's plan_for makes it
                 configs = grid_for(plan, shape.total_params(), dtype, hw.device_is_host, labels)
                 for c in configs:
                     c["predicted_step_s"] = predicted_step(plan, shape, hw, dtype, c["options"])
@@ -234,15 +236,18 @@ def settings_of(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def load_previous(path: Path, settings: dict[str, Any]) -> dict[str, Any] | None:
-    """A partial result of the same settings to resume; None if there is none. A file with other settings is
-    an error (resuming it would mix two experiments)."""
+    """A partial result of the same settings to resume; None if there is none. Only `repeats` may differ (more
+    extends a finished run, fewer finishes a long one early); other settings are an error (resuming would mix
+    two experiments)."""
     from superoffload.harness.record import read_result
 
     if not path.exists():
         return None
     prev = read_result(path, SCHEMA_KIND)
-    if prev["settings"] != settings:
-        raise ValueError(f"{path} holds a run with other settings; pass another --out or delete it")
+    differ = sorted(k for k in settings if k != "repeats" and prev["settings"].get(k) != settings[k])
+    if differ:
+        raise ValueError(f"{path} holds a run with other settings ({', '.join(differ)}); pass another --out or "
+                         "delete it (only --repeats may change on a resume)")
     return prev
 
 

@@ -133,7 +133,8 @@ class LazyPlan:
             torch.cuda.get_device_name(e.device) if e.device.type == "cuda" else None)
         try:
             self.plan = make_plan(shape, seq, batch, get_profile(hardware),
-                                  activation_checkpointing=_checkpointing(model), chips=e.comm.world)
+                                  activation_checkpointing=_checkpointing(model), chips=e.comm.world,
+                                  precision=e.config.precision)
         except PlanInfeasible as err:
             log.warning("superoffload.AdamW: %s", err)
             return f"infeasible: {err}"

@@ -290,13 +290,26 @@ class _IterMarks:
     end: int = -1
 
 
+def host_cores_per_rank(w: Workload, hw: HardwareProfile) -> float:
+    """The host's cores over the ranks that share it: on a device that is the host every rank of a node runs
+    on that node's cores (``bench run --nproc W --bind-cores`` gives each a slice); elsewhere each chip has a
+    host of its own."""
+    if not hw.device_is_host:
+        return float(hw.host_cores)
+    per_node = w.ranks_per_node or min(w.chips, max(1, hw.chips_per_node))
+    return hw.host_cores / max(1, min(w.chips, per_node))
+
+
 class _Builder:
     """The data-flow graph of ``ITERATIONS`` training iterations of one system on one workload."""
 
     def __init__(self, w: Workload, hw: HardwareProfile, spec: SystemSpec) -> None:
         self.w, self.hw, self.spec = w, hw, spec
         self.costs = _Costs(w, hw)
-        self.graph = Graph()
+        # a device that is the host, with fewer than two cores per rank: the host worker (optimizer steps,
+        # casts) has no core of its own and runs on the one the rank computes on, so nothing overlaps
+        self.host_shares_compute = hw.device_is_host and host_cores_per_rank(w, hw) < 2
+        self.graph = Graph({HOST: COMPUTE} if self.host_shares_compute else None)
         bucket = w.shape.block_params() if spec.all_layers_stream else spec.bucket_size
         self.groups = bk.bucket_groups(w.shape, bucket, spec.device_tail_buckets)
         self.layers = w.shape.layers
@@ -761,6 +774,9 @@ def _summarise(system: str, w: Workload, hw: HardwareProfile, opts: Options, spe
         fits = mem.device_total <= budget and mem.host_total <= host_cap
     stages = {k: v for k, v in sched.kind_time(it).items() if v > 0}
     notes = list(spec.notes)
+    if b.host_shares_compute:
+        notes.append(f"{host_cores_per_rank(w, hw):g} host core(s) per rank: the host's work (optimizer steps, casts) "
+                     "runs on the rank's compute core, not beside it")
     if w.chips > 1 and not hw.has_interconnect():
         notes.append(f"{hw.name} has no interconnect bandwidths: the collectives of {w.chips} chips cost nothing here")
     return Prediction(

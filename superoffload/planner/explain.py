@@ -20,7 +20,8 @@ def _shape(model: str | ModelShape) -> ModelShape:
 def explain(model: str | ModelShape, seq: int, batch: int, hardware: str | Path = "gh200",
             activation_checkpointing: bool = True, json: bool = False,
             hbm_budget: float | None = None, chips: int = 1, ranks_per_node: int | None = None,
-            sp: int | None = None, offload_checkpoints: bool | None = None, loss_tile: int | None = None) -> str:
+            sp: int | None = None, offload_checkpoints: bool | None = None, loss_tile: int | None = None,
+            precision: str = "bf16") -> str:
     """The plan as text (or JSON with ``json=True``) for one rank of ``chips`` ranks (``chips / sp``
     data-parallel groups of ``sp`` sequence-parallel ranks; None: the planner chooses, as for
     ``offload_checkpoints`` and ``loss_tile``, 0 = the plain loss)."""
@@ -28,7 +29,7 @@ def explain(model: str | ModelShape, seq: int, batch: int, hardware: str | Path 
     hw = get_profile(hardware)
     plan = make_plan(shape, seq, batch, hw, activation_checkpointing=activation_checkpointing,
                      hbm_budget=hbm_budget, chips=chips, ranks_per_node=ranks_per_node, sp=sp,
-                     offload_checkpoints=offload_checkpoints, loss_tile=loss_tile)
+                     offload_checkpoints=offload_checkpoints, loss_tile=loss_tile, precision=precision)
     if json:
         return jsonlib.dumps({"plan": plan.to_dict(), "hardware": hw.to_dict()}, indent=2, sort_keys=True)
     return format_plan(plan, shape)
@@ -57,7 +58,7 @@ def format_plan(plan: Plan, shape: ModelShape) -> str:
           else f"{chips} x {plan.hardware} (micro-batch per group of {sp} sequence-parallel chips)")
     lines = [
         f"Plan for {shape.name} ({(p.params if p else shape.total_params()) / 1e9:.2f}B params), seq {plan.seq}, "
-        f"micro-batch {plan.batch}, on {on}"
+        f"micro-batch {plan.batch}, {getattr(plan, 'precision', 'bf16')}, on {on}"
         f"{'' if plan.activation_checkpointing else ' (no activation checkpointing)'}",
         "",
         f"  bucket_size          {plan.bucket_size:,} elements "
@@ -170,7 +171,8 @@ def _run(args: argparse.Namespace) -> int:
                        activation_checkpointing=not args.no_checkpointing, json=args.json,
                        hbm_budget=args.hbm_budget_gb * GB if args.hbm_budget_gb else None,
                        chips=args.chips, ranks_per_node=args.ranks_per_node, sp=args.sp,
-                       offload_checkpoints=args.offload_checkpoints, loss_tile=args.loss_tile)
+                       offload_checkpoints=args.offload_checkpoints, loss_tile=args.loss_tile,
+                       precision=args.precision)
     except PlanInfeasible as e:
         return _fail("infeasible", e)
     except ValueError as e:  # unknown model or hardware, a bad profile file, a bad number
@@ -192,6 +194,8 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--batch", type=int, default=1, help="micro-batch (sequences)")
     p.add_argument("--hardware", default="gh200",
                    help=f"preset ({', '.join(PRESETS)}) or a profile JSON written by `calibrate`")
+    p.add_argument("--precision", default="bf16", choices=["bf16", "fp16", "fp32"],
+                   help="training precision the plan is for (default bf16; the CPU harness runs fp32)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.add_argument("--no-checkpointing", action="store_true", help="disable activation checkpointing")
     p.add_argument("--hbm-budget-gb", type=float, default=None, help="override the device memory budget")

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
-from superoffload.options import CastSide, HostOptimizer, RollbackMode
+from superoffload.options import CastSide, HostOptimizer, Precision, RollbackMode
 from superoffload.planner import buckets as bk
 from superoffload.planner.costmodel import (
     Prediction,
@@ -93,6 +93,7 @@ class Plan:
     sp: int = 1
     offload_checkpoints: bool = False
     loss_tile: int | None = None
+    precision: Precision = "bf16"  # the training precision every prediction of the plan was made at
     # per choice (an ENGINE_KEYS name, "cast" for grad_cast + param_cast): what was chosen and its predicted
     # step, the runner-up and its predicted step (None where memory left no other), and why (``_alternative``)
     alternatives: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -109,7 +110,7 @@ class Plan:
 
     def options(self) -> Options:
         """The cost model's options for this plan (what ``predicted`` was computed with)."""
-        return Options(**{**self.engine_options(), "flow_layers": tuple(self.flow_layers)})
+        return Options(**{**self.engine_options(), "flow_layers": tuple(self.flow_layers)}, precision=self.precision)
 
     def workload(self, shape: ModelShape) -> Workload:
         """The cost model's workload for this plan (``shape``: the model it was made for; a learned position
@@ -213,10 +214,12 @@ def make_plan(shape: ModelShape, seq: int, batch: int, hardware: HardwareProfile
               activation_checkpointing: bool = True, hbm_budget: float | None = None,
               grad_accum: int = 1, host_optimizer: str | None = None, chips: int = 1,
               ranks_per_node: int | None = None, sp: int | None = None, offload_checkpoints: bool | None = None,
-              loss_tile: int | None = None) -> Plan:
+              loss_tile: int | None = None, precision: Precision = "bf16") -> Plan:
     """Choose flow layers, bucket size, device tail, casting and rollback mode for one rank of ``chips``
     ranks: ``chips / sp`` data-parallel groups (each its own micro-batch ``batch``) of ``sp`` Ulysses
-    sequence-parallel ranks; each host holds 1/chips of the state.
+    sequence-parallel ranks; each host holds 1/chips of the state. ``precision``: the training precision
+    the run uses (fp32 moves 4 B/param where bf16 moves 2 and casts nothing; the costs differ, so do the
+    choices).
 
     Long sequences: ``sp``, ``offload_checkpoints`` and ``loss_tile`` (tokens per tile; 0: the plain
     loss) are taken as given; those left None the planner turns on, in the order of
@@ -240,7 +243,9 @@ def make_plan(shape: ModelShape, seq: int, batch: int, hardware: HardwareProfile
     bucket = _choose_bucket(n, hw, budget, reasons, chips)
 
     # 2. host memory and rollback mode
-    opts = Options(bucket_size=bucket, host_optimizer=kind, grad_accum=grad_accum)
+    if precision not in PRECISION_BYTES:
+        raise ValueError(f"precision must be one of {', '.join(PRECISION_BYTES)}, got {precision!r}")
+    opts = Options(bucket_size=bucket, host_optimizer=kind, grad_accum=grad_accum, precision=precision)
     rollback = _choose_rollback_mode(w, hw, opts, reasons)
     opts = replace(opts, rollback_mode=rollback)
 
@@ -291,7 +296,7 @@ def make_plan(shape: ModelShape, seq: int, batch: int, hardware: HardwareProfile
                 host_optimizer=kind, rollback_mode=rollback, speculation=speculation, hbm_budget_bytes=budget,
                 grad_accum=grad_accum, flow_prefetch=opts.flow_prefetch, predicted=pred, reasons=reasons,
                 chips=chips, ranks_per_node=ranks_per_node, sp=w.sp, offload_checkpoints=w.offload_checkpoints,
-                loss_tile=w.loss_tile, alternatives=alts)
+                loss_tile=w.loss_tile, precision=precision, alternatives=alts)
 
 
 def _price_alternatives(w: Workload, hw: HardwareProfile, opts: Options, pred: Prediction,
@@ -431,6 +436,11 @@ def _choose_cast(w: Workload, hw: HardwareProfile, opts: Options, reasons: list[
                  alts: dict[str, dict[str, Any]]) -> str:
     """Where bf16 <-> fp32 casts run, the same side for gradients and parameters: both are simulated and
     the faster wins (a tie goes to the device)."""
+    if opts.precision == "fp32":
+        reasons.append("Casting: none: fp32 weights and gradients move as they are (grad_cast / param_cast "
+                       "keep the engine's defaults).")
+        alts["cast"] = _alternative("device", None, why="fp32: nothing is cast")
+        return "device"
     preds = {c: predict("superoffload", w, hw, replace(opts, grad_cast=c, param_cast=c)) for c in ("device", "host")}
     cast = min(preds, key=lambda c: (preds[c].step_time_s, c != "device"))
     other = "host" if cast == "device" else "device"

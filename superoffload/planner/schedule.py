@@ -34,10 +34,13 @@ class Op:
 
 
 class Graph:
-    """Ops in insertion order; ``add`` returns the op's id for use as a dependency."""
+    """Ops in insertion order; ``add`` returns the op's id for use as a dependency. ``aliases`` maps a
+    resource onto another that runs its ops (e.g. the host pool onto the compute stream when both are the
+    same core)."""
 
-    def __init__(self) -> None:
+    def __init__(self, aliases: dict[str, str] | None = None) -> None:
         self.ops: list[Op] = []
+        self.aliases = dict(aliases or {})
 
     def add(self, name: str, resource: str | None, duration: float, deps: list[int] | None = None,
             kind: str = "", iteration: int = 0, priority: float | None = None) -> int:
@@ -48,6 +51,7 @@ class Graph:
             if not 0 <= d < len(self.ops):
                 raise ValueError(f"op {name!r} depends on unknown op id {d}")
         oid = len(self.ops)
+        resource = self.aliases.get(resource, resource) if resource is not None else None
         self.ops.append(Op(name, resource, duration, deps, kind, iteration,
                            float(oid) if priority is None else priority))
         return oid

@@ -7,10 +7,13 @@ import json
 import math
 from dataclasses import replace
 
+import pytest
+
 from superoffload.planner.costmodel import predict
 from superoffload.planner.explain import format_plan
 from superoffload.planner.plan import BUCKET_MIN_GAIN, Plan, make_plan
 from superoffload.planner.presets import get_profile
+from superoffload.planner.systems import Options
 from superoffload.shapes import get_shape
 
 SIZES = [4096 << 2 * i for i in range(8)]
@@ -83,3 +86,45 @@ def test_plans_written_before_alternatives_still_load() -> None:
     d = plan.to_dict()
     del d["alternatives"]
     assert Plan.from_dict(d).alternatives == {}
+
+
+def test_ranks_sharing_a_host_core_do_not_overlap_host_work_with_compute() -> None:
+    """A device that is the host, two ranks on two cores (bench run --nproc 2 --bind-cores): each rank's host
+    worker runs on the core the rank computes on, so the host steps add to the step instead of overlapping it."""
+    from superoffload.planner.costmodel import Workload, host_cores_per_rank
+
+    shape = get_shape("gpt-small")
+    cpu = get_profile("cpu")
+    # a slow host Adam, so that the host's work does not fit in the compute stream's idle gaps
+    slow = {k: v / 20 for k, v in cpu.host_adam_gbps.items()}
+    two_cores = replace(cpu, host_cores=2, host_adam_gbps=slow, collectives={"intra": _ring(100e-6, 1.0)})
+    eight = replace(two_cores, host_cores=8)
+    w2 = Workload(shape, 128, 2, False, chips=2)
+    assert host_cores_per_rank(w2, two_cores) == 1 and host_cores_per_rank(w2, eight) == 4
+    assert host_cores_per_rank(Workload(shape, 128, 2, False), two_cores) == 2  # one rank: the worker has a core
+    opts = Options(bucket_size=1 << 19, precision="fp32")  # speculation: host steps during backward
+    shared, apart = predict("superoffload", w2, two_cores, opts), predict("superoffload", w2, eight, opts)
+    assert any("runs on the rank's compute core" in n for n in shared.notes)
+    assert not any("compute core" in n for n in apart.notes)
+    # nothing overlaps: the step is at least compute plus the host's work
+    host = sum(v for k, v in shared.stage_s.items() if k.startswith("host"))
+    assert host > 0 and shared.step_time_s > apart.step_time_s
+    assert shared.step_time_s >= host + shared.stage_s["backward"]
+    # a GPU's host is its own: unaffected
+    assert host_cores_per_rank(w2, get_profile("gh200")) == get_profile("gh200").host_cores
+
+
+def test_the_plan_is_made_at_the_run_precision() -> None:
+    hw = get_profile("cpu")
+    shape = get_shape("gpt-small")
+    fp32 = make_plan(shape, 128, 2, hw, activation_checkpointing=False, precision="fp32")
+    bf16 = make_plan(shape, 128, 2, hw, activation_checkpointing=False)
+    assert fp32.precision == "fp32" and fp32.options().precision == "fp32" and bf16.precision == "bf16"
+    assert fp32.alternatives["cast"] == {"chosen": "device", "step_s": None, "runner_up": None,
+                                         "runner_up_step_s": None, "why": "fp32: nothing is cast"}
+    # fp32 moves twice the bytes of bf16 per gradient and weight: the predictions differ
+    assert fp32.predicted.step_time_s != bf16.predicted.step_time_s
+    assert fp32.predicted.step_time_s == predict("superoffload", fp32.workload(shape), hw,
+                                                 replace(fp32.options(), speculation=fp32.speculation)).step_time_s
+    with pytest.raises(ValueError, match="precision must be one of"):
+        make_plan(shape, 128, 2, hw, precision="fp8")

@@ -54,9 +54,16 @@ def test_small_variant_measures_the_grid_and_resumes(tmp_path) -> None:
     assert again.returncode == 0 and "repeat 0:" not in again.stdout
     assert [c["tokens_per_s"] for c in json.loads(out.read_text())["points"][0]["configs"]] == \
         [c["tokens_per_s"] for c in p["configs"]]
+    # more repeats extend it: only the missing ones run
+    i = SMALL.index("--repeats")
+    more = _run("--out", str(out), *SMALL[:i], "--repeats", "2", *SMALL[i + 2:])
+    assert more.returncode == 0 and more.stdout.count("repeat 1:") == 3 and "repeat 0:" not in more.stdout
+    extended = read_result(out, "plan_optimality")["points"][0]["configs"]
+    assert [c["tokens_per_s"][0] for c in extended] == [c["tokens_per_s"][0] for c in p["configs"]]
+    assert all(len(c["tokens_per_s"]) == 2 for c in extended)
     # other settings on the same file would mix two experiments
     other = _run("--out", str(out), *SMALL[:-6], "--steps", "3", "--warmup", "1", "--threads", "1")
-    assert other.returncode == 2 and "other settings" in other.stderr
+    assert other.returncode == 2 and "other settings (steps)" in other.stderr
 
 
 @pytest.mark.parametrize("argv, says", [

@@ -64,7 +64,8 @@ def plan_for(shape: ModelShape, run: RunConfig):
     return make_plan(shape, run.seq, run.batch, hw,
                      activation_checkpointing=bool(run.activation_checkpointing or run.offload_checkpoints),
                      grad_accum=run.grad_accum, chips=max(1, run.world_size), sp=run.sp,
-                     offload_checkpoints=bool(run.offload_checkpoints), loss_tile=run.loss_tile or 0)
+                     offload_checkpoints=bool(run.offload_checkpoints), loss_tile=run.loss_tile or 0,
+                     precision=run.dtype)
 
 
 def _cast_policy(run: RunConfig) -> dict[str, str]:
