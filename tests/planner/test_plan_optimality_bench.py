@@ -89,7 +89,8 @@ def test_grid_and_rank_correlation() -> None:
     grid = mod.grid_for(plan, n, "bf16", False, list(mod.GRID))
     labels = [g["label"] for g in grid]
     assert labels[0] == "planned" and "cast" in labels and "tail0" in labels
-    assert all(g["options"]["bucket_size"] <= n for g in grid if "bucket_size" in g["options"])
+    sizes = [g["options"]["bucket_size"] for g in grid if "bucket_size" in g["options"]]
+    assert all(b <= n for b in sizes) and plan.bucket_size not in sizes and len(set(sizes)) == len(sizes)
     # fp32 casts nothing and a host device has no tail: those configurations are not run
     host = [g["label"] for g in mod.grid_for(plan, n, "fp32", True, list(mod.GRID))]
     assert "cast" not in host and "tail0" not in host and "tail*2" not in host
