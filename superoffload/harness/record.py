@@ -115,14 +115,18 @@ def write_result(path: str | os.PathLike, obj: dict[str, Any], kind: str) -> Non
 
 
 def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
+    """Write JSON to a temp file in the same folder, fsync, then rename: readers never see half a file."""
+    write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True, default=_json_default) + "\n")
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     """Write to a temp file in the same folder, fsync, then rename: readers never see half a file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=2, sort_keys=True, default=_json_default)
-            f.write("\n")
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
