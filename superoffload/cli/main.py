@@ -21,6 +21,7 @@ TOP_COMMANDS = [
     "superoffload.planner.explain",  # explain
     "superoffload.calibrate.accuracy",  # validate
     "superoffload.cli.finetune",  # finetune
+    "superoffload.nightly.cli",  # nightly
 ]
 
 

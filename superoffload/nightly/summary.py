@@ -1,0 +1,129 @@
+"""The nightly's outputs: a Markdown summary to post, and the verdict file a scheduler reads."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from superoffload.nightly.changes import ChangePoint
+from superoffload.nightly.fingerprint import describe
+from superoffload.nightly.metrics import Metric
+from superoffload.nightly.rules import ALERTS, INSUFFICIENT, OK, Judgement
+
+
+def fmt_value(v: Any, m: Metric | None) -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, str):
+        return v if len(v) <= 18 else v[:16] + "…"
+    unit = m.unit if m else ""
+    if unit == "B":
+        return f"{v / 2**20:,.1f} MiB"
+    if unit == "s":
+        return f"{v * 1e3:,.2f} ms" if v < 10 else f"{v:,.1f} s"
+    if unit == "tokens/s":
+        return f"{v:,.0f}"
+    return f"{v:.4g}"
+
+
+def fmt_change(j: Judgement, m: Metric | None) -> str:
+    if j.change is None or not math.isfinite(j.change):
+        return "–"
+    if m is not None and m.rule == "bounded":
+        return f"{j.change:+.3f}"
+    return f"{100 * j.change:+.1f} %"
+
+
+def fmt_allowed(j: Judgement, m: Metric | None) -> str:
+    if j.allowed is None:
+        return "–"
+    if m is not None and m.rule == "bounded":
+        return f"±{j.allowed:.3f}"
+    return f"±{100 * j.allowed:.1f} %"
+
+
+def markdown(
+    suite: str,
+    fingerprint: dict[str, Any],
+    rows: list[Judgement],
+    ranges: dict[tuple[str, str], str],
+    changes: list[ChangePoint],
+    bisect_cmds: list[str],
+    catalog: dict[str, Metric],
+) -> str:
+    if not rows:
+        return f"# Nightly {suite}: no nights recorded\n"
+    night = rows[0].night
+    counts: dict[str, int] = {}
+    for j in rows:
+        counts[j.label] = counts.get(j.label, 0) + 1
+    alerts = [j for j in rows if j.alert]
+    head = "**" + (f"{len(alerts)} regression{'s' if len(alerts) != 1 else ''}" if alerts else "no regression") + "**"
+    others = ", ".join(f"{n} {label}" for label, n in counts.items() if label not in (*ALERTS, OK))
+    lines = [
+        f"# Nightly {suite}: {night.utc}, commit {night.short_commit}",
+        "",
+        f"{head}{'; ' + others if others else ''}; {counts.get(OK, 0)} ok, over {len({j.case for j in rows})} "
+        f"cases. Fingerprint `{night.fingerprint}`: {describe(fingerprint)}.",
+        "",
+    ]
+    notable = [j for j in rows if j.label not in (OK, INSUFFICIENT)]
+    waiting = [j for j in rows if j.label == INSUFFICIENT]
+    if waiting:
+        lines += [f"{len(waiting)} series have too little history on this fingerprint to be judged "
+                  f"({waiting[0].note}).", ""]
+    if notable:
+        lines += ["| case | metric | baseline | now | change | allowed | label | commits |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for j in notable:
+            m = catalog.get(j.metric)
+            lines.append(
+                f"| {j.case} | {j.metric} | {fmt_value(j.baseline, m)} | {fmt_value(j.value, m)} | "
+                f"{fmt_change(j, m)} | {fmt_allowed(j, m)} | {'**' + j.label + '**' if j.alert else j.label} | "
+                f"{ranges.get((j.case, j.metric), '')} |"
+            )
+        lines.append("")
+    if changes:
+        lines += ["Change points over the whole history (PELT):", "",
+                  "| case | metric | before → after | change | commits | first night |", "|---|---|---|---|---|---|"]
+        for c in changes:
+            m = catalog.get(c.metric)
+            lines.append(f"| {c.case} | {c.metric} | {fmt_value(c.before, m)} → {fmt_value(c.after, m)} | "
+                         f"{100 * c.change:+.1f} % | {c.commit_range} | {c.bad.utc} |")
+        lines.append("")
+    if bisect_cmds:
+        lines += ["To find the commit:", "", "```", *bisect_cmds, "```", ""]
+    return "\n".join(lines)
+
+
+def verdict(
+    suite: str,
+    fingerprint_key: str,
+    fingerprint: dict[str, Any],
+    rows: list[Judgement],
+    ranges: dict[tuple[str, str], str],
+    changes: list[ChangePoint],
+    bisect_cmds: list[str],
+) -> dict[str, Any]:
+    alerts = [j for j in rows if j.alert]
+    return {
+        "suite": suite,
+        "fingerprint": fingerprint_key,
+        "fingerprint_fields": fingerprint,
+        "night": rows[0].night.id if rows else None,
+        "commit": rows[0].night.commit if rows else None,
+        "rows": [{**j.as_dict(), "commits": ranges.get((j.case, j.metric))} for j in rows],
+        "change_points": [
+            {"case": c.case, "metric": c.metric, "before": c.before, "after": c.after, "change": c.change,
+             "commits": c.commit_range, "night": c.bad.id, "utc": c.bad.utc}
+            for c in changes
+        ],
+        "regression": bool(alerts),
+        "regressed": sorted({f"{j.case}:{j.metric}" for j in alerts}),
+        "bisect": bisect_cmds,
+    }
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n"

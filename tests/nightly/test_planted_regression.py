@@ -1,0 +1,104 @@
+"""End to end, in a throw-away git repository holding this project: a commit that makes the engine slower
+(a real code change: a sleep in the host Adam pass), nightlies before and after it, the rules report a
+regression with the right commit range, and ``nightly bisect`` names that commit."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from superoffload.nightly import cli
+from superoffload.nightly import rules as R
+from superoffload.nightly.bisect import CaseSpec, bisect, run_case, worktree
+from superoffload.nightly.store import History
+
+ROOT = Path(__file__).resolve().parents[2]
+SPEC = CaseSpec("superoffload", "gpt-tiny", 32, 2, steps=4, warmup=1, threads=1, dtype="fp32")
+ANCHOR = '        ctx, h = self.ctx, self.host\n        assert h is not None\n'
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout.strip()
+
+
+def _commit(repo: Path, msg: str) -> str:
+    _git(repo, "add", "-A")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", msg)
+    return _git(repo, "rev-parse", "HEAD")
+
+
+def _project_repo(dst: Path) -> dict[str, str]:
+    """This project's tracked and unignored files in a new repository, then three commits on top of it."""
+    files = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-co", "--exclude-standard"], check=True,
+                           capture_output=True, text=True).stdout.split()
+    for f in files:
+        src = ROOT / f
+        if src.is_file():
+            (dst / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst / f)
+    _git(dst, "init", "-q")
+    commits = {"base": _commit(dst, "base")}
+    (dst / "NOTES.txt").write_text("a harmless change\n")
+    commits["harmless"] = _commit(dst, "notes: a harmless change")
+    bucket = dst / "superoffload" / "engine" / "bucket.py"
+    text = bucket.read_text()
+    assert text.count(ANCHOR) >= 1, "the planted slowdown's anchor in Bucket._run_kernel moved: update ANCHOR"
+    bucket.write_text(text.replace(ANCHOR, ANCHOR + "        time.sleep(0.01)  # planted slowdown\n", 1))
+    commits["slow"] = _commit(dst, "engine: a slower host pass")
+    (dst / "NOTES.txt").write_text("another harmless change\n")
+    commits["after"] = _commit(dst, "notes: another harmless change")
+    return commits
+
+
+def _night(repo: Path, tree: Path, work: Path, store: History, name: str, repeats: int) -> None:
+    night = work / name
+    for rep in range(repeats):
+        out = night / SPEC.name / f"rep{rep}.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        rec = run_case(tree, SPEC, out)
+        assert rec["status"] == "ok", rec.get("error")
+    assert cli.record_runs(store, night) is not None
+
+
+def _planted(tmp_path: Path, good_nights: int, repeats: int, cfg: R.RuleConfig, bisect_repeats: int) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    c = _project_repo(repo)
+    work = tmp_path / "work"
+    work.mkdir()
+    with History(tmp_path / "history.sqlite") as h:
+        with worktree(repo, c["base"], work) as tree:
+            for i in range(good_nights):
+                _night(repo, tree, work, h, f"good{i}", repeats)
+        with worktree(repo, c["after"], work) as tree:
+            _night(repo, tree, work, h, "bad0", repeats)
+            md, verdict = cli.check(h, "training", cfg, repo=str(repo))
+            assert not verdict["regression"], md  # one slow night: suspicious only
+            assert any(r["label"] == R.SUSPICIOUS and r["metric"] == "tokens_per_s" for r in verdict["rows"]), md
+            _night(repo, tree, work, h, "bad1", repeats)
+        md, verdict = cli.check(h, "training", cfg, repo=str(repo))
+    row = next(r for r in verdict["rows"] if r["metric"] == "tokens_per_s")
+    assert row["label"] == R.REGRESSION and row["change"] < -0.3, md
+    assert row["commits"] == f"{c['base'][:12]}..{c['after'][:12]}", md
+    assert f"--good {c['base'][:12]} --bad {c['after'][:12]}" in "\n".join(verdict["bisect"]), md
+    assert "superoffload_gpt-tiny_s32_b2:tokens_per_s" in verdict["regressed"]
+    res = bisect(repo, SPEC, c["base"], c["after"], repeats=bisect_repeats, work=work / "bisect",
+                 log=lambda s: None)
+    assert res.reproduced and res.first_bad == c["slow"], res.message
+    assert res.measured[c["slow"]].ratio < 0.7 and "engine: a slower host pass" in res.message
+    assert c["harmless"] in res.measured and res.measured[c["harmless"]].ratio > 0.6
+    json.dumps(verdict)  # the verdict is plain JSON
+
+
+def test_a_planted_slowdown_is_reported_and_bisected(tmp_path):
+    """CI's version: two baseline nights of one repeat (the defaults want four), one bisection round."""
+    _planted(tmp_path, good_nights=2, repeats=1, cfg=R.RuleConfig(min_baseline=2), bisect_repeats=1)
+
+
+@pytest.mark.slow
+def test_a_planted_slowdown_with_the_default_rules(tmp_path):
+    _planted(tmp_path, good_nights=4, repeats=2, cfg=R.RuleConfig(), bisect_repeats=3)
