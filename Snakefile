@@ -39,7 +39,7 @@ localrules:
     paper_comparison,
     render_figures,
     render_report,
-    nightly_compare,
+    nightly_check,
     convergence,
     seqlen,
     plan_optimality,

@@ -1,7 +1,9 @@
 """Nightly microbenchmarks (pytest-benchmark). Not part of `make test` (testpaths = tests).
 
-Run through `python reports/nightly.py microbench ...` (the `snakemake nightly` target), which compares
-against the saved baseline in benchmarks/reference/pytest-benchmark/<hardware key>/.
+Run by the `snakemake nightly` target (rule nightly_microbench): pytest-benchmark writes a JSON file,
+`superoffload nightly record --pytest-benchmark` appends it to the history as the `microbench` suite and
+`superoffload nightly check --suite microbench` judges it, gated apart from the training cases
+(docs/nightly.md).
 """
 
 from __future__ import annotations

@@ -130,8 +130,10 @@ def pick_fingerprint(h: History, suite: str, want: str | None) -> tuple[str, dic
     fps = h.fingerprints(suite)
     if not fps:
         return None
-    if want in (None, "latest"):  # the fingerprint of the night recorded last
-        newest = max(h.nights(suite), key=lambda n: n.id)
+    if want in (None, "latest"):  # the fingerprint of the night recorded last (an imported file is not a night)
+        nights = h.nights(suite)
+        measured = [n for n in nights if n.fingerprint_fields.get("device") != "imported"] or nights
+        newest = max(measured, key=lambda n: n.id)
         return newest.fingerprint, newest.fingerprint_fields
     for key, fields, _, _ in fps:
         if key.startswith(want):
@@ -148,15 +150,17 @@ def _ranges(judged: dict[tuple[str, str], list[R.Judgement]], rows: list[R.Judge
             continue
         start = R.violation_start(judged[(j.case, j.metric)], j)
         good = nights.get(start.baseline_nights[-1]) if start.baseline_nights else None
-        out[(j.case, j.metric)] = f"{(good.commit if good else None) or 'unknown'}"[:12] + \
-            f"..{(start.night.commit or 'unknown')[:12]}"
+        a, b = (good.commit if good else None) or "unknown", start.night.commit or "unknown"
+        # the same commit on both sides: the code did not change, the machine or the environment did
+        out[(j.case, j.metric)] = f"{a[:12]} (same commit: not the code)" if a == b != "unknown" and \
+            not start.night.dirty else f"{a[:12]}..{b[:12]}"
     return out
 
 
 def _bisect_cmd(h: History, case: str, metric: str, commits: str, night: Night, store: str) -> str | None:
     good, _, bad = commits.partition("..")
-    if "unknown" in (good, bad) or metric not in ("tokens_per_s", "step_s_median", "loss_hash"):
-        return None
+    if not bad or "unknown" in (good, bad) or metric not in ("tokens_per_s", "step_s_median", "loss_hash"):
+        return None  # nothing to bisect (one commit, or an unknown end)
     spec = next((json.loads(s.text) for s in h.samples(night.id) if s.case == case and s.metric == "spec" and s.text),
                 {})
     flags = "".join(f" --{k.replace('_', '-')} {v}" for k, v in sorted(spec.items()))
@@ -179,9 +183,9 @@ def check(h: History, suite: str, cfg: R.RuleConfig, fp_want: str | None = None,
     all_nights = {n.id: n for n in h.nights(suite, key)}
     ranges = _ranges(judged, rows, all_nights)
     changes: list[C.ChangePoint] = []
+    values = h.values(list(all_nights.values()))  # one read for every series
     for (case, metric), series in judged.items():
         nights = [j.night for j in series]
-        values = h.values(nights)
         changes += C.detect(case, catalog[metric], nights, [values[n.id].get((case, metric), []) for n in nights], cfg)
     cmds = [c for j in rows if j.alert and (c := _bisect_cmd(h, j.case, j.metric, ranges.get((j.case, j.metric), ""),
                                                                j.night, store_path))]
@@ -376,7 +380,8 @@ def cmd_bisect(a: argparse.Namespace) -> int:
     return 0 if res.reproduced else 3
 
 
-def _rules_args(p: argparse.ArgumentParser) -> None:
+def rules_args(p: argparse.ArgumentParser) -> None:
+    """The rule flags (`check`, `accept`, `history`, `noise` and the nightly page take the same ones)."""
     d = R.RuleConfig()
     p.add_argument("--window", type=int, default=d.window, help=f"baseline nights (default {d.window})")
     p.add_argument("--min-baseline", type=int, default=d.min_baseline,
@@ -402,7 +407,7 @@ def add_cli(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--repo", default=str(REPO), help="git repository the commits are in (default: this one)")
         if rules:
             p.add_argument("--fingerprint", default=None, help="fingerprint key (prefix); default the newest night's")
-            _rules_args(p)
+            rules_args(p)
         p.set_defaults(func=func)
         return p
 

@@ -10,6 +10,12 @@ from superoffload.nightly.changes import ChangePoint
 from superoffload.nightly.fingerprint import describe
 from superoffload.nightly.metrics import Metric
 from superoffload.nightly.rules import ALERTS, INSUFFICIENT, OK, Judgement
+from superoffload.nightly.store import Night
+
+
+def newest(rows: list[Judgement]) -> Night:
+    """The night judged (a ``missing`` row carries the older night its case last ran in)."""
+    return max((j.night for j in rows), key=lambda n: n.id)
 
 
 def fmt_value(v: Any, m: Metric | None) -> str:
@@ -54,7 +60,7 @@ def markdown(
 ) -> str:
     if not rows:
         return f"# Nightly {suite}: no nights recorded\n"
-    night = rows[0].night
+    night = newest(rows)
     counts: dict[str, int] = {}
     for j in rows:
         counts[j.label] = counts.get(j.label, 0) + 1
@@ -107,12 +113,13 @@ def verdict(
     bisect_cmds: list[str],
 ) -> dict[str, Any]:
     alerts = [j for j in rows if j.alert]
+    night = newest(rows) if rows else None
     return {
         "suite": suite,
         "fingerprint": fingerprint_key,
         "fingerprint_fields": fingerprint,
-        "night": rows[0].night.id if rows else None,
-        "commit": rows[0].night.commit if rows else None,
+        "night": night.id if night else None,
+        "commit": night.commit if night else None,
         "rows": [{**j.as_dict(), "commits": ranges.get((j.case, j.metric))} for j in rows],
         "change_points": [
             {"case": c.case, "metric": c.metric, "before": c.before, "after": c.after, "change": c.change,

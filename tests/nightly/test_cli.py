@@ -18,7 +18,7 @@ from .history_helpers import CASE, add_night
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _record(tps: float, status: str = "ok") -> dict:
+def _record(tps: float, status: str = "ok", commit: str = "ab" * 20) -> dict:
     return {
         "status": status, "created_utc": "2026-11-01T00:00:00+00:00", "losses": [6.0, 5.5],
         "throughput": {"tokens_per_s": tps}, "timing": {"median_s": 256 / tps, "p90_s": 300 / tps,
@@ -28,15 +28,15 @@ def _record(tps: float, status: str = "ok") -> dict:
         "rollbacks": {"enabled": True, "committed": 2, "rolled_back": 1},
         "run": {"threads": 1, "bind_cores": False, "dtype": "fp32", "steps": 2, "warmup": 1, "grad_clip": 1.0},
         "provenance": {"device": "cpu", "cpu": "Test CPU", "cpu_count": 2, "torch": "2.13.0",
-                       "git_commit": "ab" * 20, "git_dirty": False},
+                       "git_commit": commit, "git_dirty": False},
     }
 
 
-def _night_dir(root: Path, name: str, tps: list[float]) -> Path:
+def _night_dir(root: Path, name: str, tps: list[float], commit: str = "ab" * 20) -> Path:
     d = root / name
     for i, t in enumerate(tps):
         (d / CASE).mkdir(parents=True, exist_ok=True)
-        (d / CASE / f"rep{i}.json").write_text(json.dumps(_record(t)))
+        (d / CASE / f"rep{i}.json").write_text(json.dumps(_record(t, commit=commit)))
     return d
 
 
@@ -61,17 +61,18 @@ def test_check_exit_status_is_nonzero_for_a_regression_only(tmp_path):
     store = str(tmp_path / "h.sqlite")
     assert main(["nightly", "check", "--store", store]) == 2  # nothing recorded: an error, said so
     for i, tps in enumerate([[1000, 1000]] * 4 + [[700, 700]]):
-        main(["nightly", "record", "--runs", str(_night_dir(tmp_path, f"n{i}", tps)), "--store", store,
-              "--source", f"n{i}"])
+        main(["nightly", "record", "--runs", str(_night_dir(tmp_path, f"n{i}", tps, commit=f"{i:02d}" * 20)),
+              "--store", store, "--source", f"n{i}"])
     out, summary = tmp_path / "v.json", tmp_path / "s.md"
     assert main(["nightly", "check", "--store", store, "--out", str(out), "--summary", str(summary)]) == 0
     assert "suspicious" in summary.read_text()  # one slow night
-    main(["nightly", "record", "--runs", str(_night_dir(tmp_path, "n5", [700, 700])), "--store", store,
-          "--source", "n5"])
+    main(["nightly", "record", "--runs", str(_night_dir(tmp_path, "n5", [700, 700], commit="05" * 20)),
+          "--store", store, "--source", "n5"])
     assert main(["nightly", "check", "--store", store, "--out", str(out), "--summary", str(summary)]) == 1
     v = json.loads(out.read_text())
     assert f"{CASE}:tokens_per_s" in v["regressed"]
-    assert any("nightly bisect --case " + CASE in c and "--grad-clip 1.0" in c for c in v["bisect"])
+    assert any(f"nightly bisect --case {CASE} --metric tokens_per_s --good {'03' * 6} --bad {'04' * 6}" in c
+               and "--grad-clip 1.0" in c for c in v["bisect"]), v["bisect"]
     # accepting the new level stops the alert
     assert main(["nightly", "accept", "--store", store, "--case", CASE, "--note", "slower by design"]) == 0
     assert main(["nightly", "check", "--store", store]) == 0
@@ -144,3 +145,17 @@ def test_rule_config_from_flags():
                           "peak_host_bytes": 0.08}
     with pytest.raises(ValueError, match="METRIC=VALUE"):
         cli.rule_config(argparse.Namespace(**{**vars(a), "bound": ["oops"]}))
+
+
+def test_a_change_without_a_code_change_says_so_and_offers_no_bisect(tmp_path):
+    store = str(tmp_path / "h.sqlite")
+    with History(store) as h:
+        for i in range(4):
+            add_night(h, i, [1000.0] * 2, commit="cd" * 20)
+        for i in range(4, 6):
+            add_night(h, i, [600.0] * 2, commit="cd" * 20)
+    out = tmp_path / "v.json"
+    assert main(["nightly", "check", "--store", store, "--out", str(out)]) == 1
+    v = json.loads(out.read_text())
+    row = next(r for r in v["rows"] if r["metric"] == "tokens_per_s")
+    assert row["commits"] == "cdcdcdcdcdcd (same commit: not the code)" and v["bisect"] == []

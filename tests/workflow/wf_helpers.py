@@ -14,9 +14,10 @@ if str(ROOT) not in sys.path:
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
 
 
-def snakemake(*args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
+def snakemake(*args: str, timeout: float = 120, check: bool = True,
+              env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run snakemake in the repository root; --nolock so a concurrent run of the workflow does not block."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = {**os.environ, **(env or {}), "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.run(
         [*SNAKEMAKE, "--nolock", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env
     )
