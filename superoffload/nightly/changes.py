@@ -4,8 +4,8 @@ The detector is ruptures' PELT (exact segmentation under a penalty; Killick et a
 cost on the nightly medians, standardised by a robust noise estimate: 1.4826 x the MAD of consecutive
 differences / sqrt 2, which a step does not inflate (a step is one large difference among many small
 ones). The penalty is BIC-like (``penalty x ln n`` per change). A detected change is kept only when the
-segments' medians differ by at least the metric's bound, so a statistically clear but practically nil
-shift (0.3 % on an exact memory number that moved a page) is not reported.
+segments' medians differ by at least ``min_change`` (5 %, asv's default) on a throughput or time, or the
+metric's bound on memory and rates, so a statistically clear but practically nil shift is not reported.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from superoffload.nightly.metrics import Metric
 from superoffload.nightly.rules import MAD_TO_SIGMA, RuleConfig, night_value
 from superoffload.nightly.store import Night, Sample
 
-PENALTY = 3.0  # x ln(n) per change point
+PENALTY = 4.0  # x ln(n) per change point (docs/nightly.md: the false and true detection rates behind it)
 MIN_SIZE = 2  # nights per segment
 
 
@@ -80,6 +80,6 @@ def detect(case: str, metric: Metric, nights: list[Night], per_night: list[list[
         before, after = statistics.median(xs[a:b]), statistics.median(xs[b:c])
         size = abs(after - before) if metric.rule == "bounded" else (
             abs(after / before - 1.0) if before else float("inf"))
-        if size >= cfg.bound(metric):
+        if size >= (cfg.min_change if metric.rule == "relative" else cfg.bound(metric)):
             out.append(ChangePoint(case, metric.name, b, before, after, pts[b - 1][0], pts[b][0]))
     return out

