@@ -7,6 +7,7 @@ import json as jsonlib
 import sys
 from pathlib import Path
 
+import superoffload.units as units
 from superoffload.planner.hardware import GB
 from superoffload.planner.plan import Plan, PlanInfeasible, make_plan
 from superoffload.planner.presets import PRESETS, get_profile
@@ -57,12 +58,12 @@ def format_plan(plan: Plan, shape: ModelShape) -> str:
     on = (plan.hardware if chips == 1 else f"{chips} x {plan.hardware} (micro-batch per chip)" if sp == 1
           else f"{chips} x {plan.hardware} (micro-batch per group of {sp} sequence-parallel chips)")
     lines = [
-        f"Plan for {shape.name} ({(p.params if p else shape.total_params()) / 1e9:.2f}B params), seq {plan.seq}, "
+        f"Plan for {shape.name} ({units.count(p.params if p else shape.total_params())} params), seq {plan.seq}, "
         f"micro-batch {plan.batch}, {getattr(plan, 'precision', 'bf16')}, on {on}"
         f"{'' if plan.activation_checkpointing else ' (no activation checkpointing)'}",
         "",
         f"  bucket_size          {plan.bucket_size:,} elements "
-        f"({plan.bucket_size * 4 / 2**20:.0f} MiB fp32)",
+        f"({units.nbytes(plan.bucket_size * 4)} fp32)",
         f"  device_tail_buckets  {plan.device_tail_buckets}",
         f"  grad_cast            {plan.grad_cast}",
         f"  param_cast           {plan.param_cast}",
@@ -86,7 +87,7 @@ def format_plan(plan: Plan, shape: ModelShape) -> str:
             "Predicted (steady state, one optimizer step):",
             f"  step time            {p.step_time_s * 1e3:.1f} ms ({p.tokens_per_s:,.0f} tokens/s"
             + (f" per chip, {p.tokens_per_s * chips:,.0f} over {chips} chips)" if chips > 1 else ")"),
-            f"  model TFLOPS         {p.tflops:.0f}{' per chip' if chips > 1 else ''} "
+            f"  model TFLOPS         {units.rate(p.tflops)}{' per chip' if chips > 1 else ''} "
             f"(MFU {p.mfu:.1%}, HFU {p.hfu:.1%})",
             f"  device busy / idle   {p.gpu_busy_s * 1e3:.1f} / {p.gpu_idle_s * 1e3:.1f} ms; "
             f"exposed tail {p.tail_s * 1e3:.1f} ms",

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
+import superoffload.units as units
 from superoffload.options import CastSide, HostOptimizer, Precision, RollbackMode
 from superoffload.planner import buckets as bk
 from superoffload.planner.costmodel import (
@@ -179,7 +180,7 @@ def _positions_reason(named: ModelShape, shape: ModelShape, seq: int) -> str:
     extra = shape.total_params() - named.total_params()
     return (f"Positions: {named.name} learns absolute positions and its {named.max_seq:,}-row table cannot "
             f"hold seq {seq:,}; planned with a {seq:,}-row table (as the harness builds the model): "
-            f"+{extra / 1e9:.2f}B params, {shape.total_params() / 1e9:.2f}B in all.")
+            f"+{units.count(extra)} params, {units.count(shape.total_params())} in all.")
 
 
 def _initial_workload(shape: ModelShape, seq: int, batch: int, activation_checkpointing: bool, chips: int,
@@ -279,7 +280,9 @@ def make_plan(shape: ModelShape, seq: int, batch: int, hardware: HardwareProfile
     speculation = not hw.device_is_host
     if not speculation:
         reasons.append("Speculation: off: the device is the host, so there is no idle host to overlap "
-                       "with backward; validate-then-step is the same arithmetic with one pass fewer.")
+                       "with backward; validate-then-step is the same arithmetic with one pass fewer. To see "
+                       "it work anyway (same bits; commit and rollback counts in the record): "
+                       "`-o speculation=true` (bench run), `speculation: true` (engine config).")
         on = pred
         pred = predict("superoffload", w, hw, replace(opts, speculation=False))
         alts["speculation"] = _alternative(False, pred, True, on,
@@ -516,7 +519,7 @@ def _choose_rollback_mode(w: Workload, hw: HardwareProfile, opts: Options, reaso
     raise PlanInfeasible(
         f"{w.shape.name}: host memory needs {need:.3e} bytes ({_gb(need)}, ~{per_param:.1f} B/param for fp32 "
         f"master, Adam m and v and gradients) but {hw.name} has {cap:.3e} bytes ({_gb(cap)}) usable. "
-        f"It would fit with a model of at most ~{cap / per_param / 1e9:.1f}B params or more host memory.",
+        f"It would fit with a model of at most ~{units.count(cap / per_param)} params or more host memory.",
         "host", need, cap)
 
 

@@ -15,7 +15,8 @@ import pytest
 import superoffload.planner
 
 PLANNER = Path(superoffload.planner.__file__).parent
-ALLOWED_PROJECT = ("superoffload.shapes", "superoffload.options", "superoffload.packing", "superoffload.planner")
+ALLOWED_PROJECT = ("superoffload.shapes", "superoffload.options", "superoffload.packing", "superoffload.units",
+                   "superoffload.planner")
 ALLOWED_THIRD_PARTY = ("numpy",)  # torch is not needed: the planner is torch-free
 
 
