@@ -17,6 +17,7 @@ import argparse
 import datetime as dt
 import hashlib
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -189,8 +190,8 @@ def check(h: History, suite: str, cfg: R.RuleConfig, fp_want: str | None = None,
         changes += C.detect(case, catalog[metric], nights, [values[n.id].get((case, metric), []) for n in nights], cfg)
     cmds = [c for j in rows if j.alert and (c := _bisect_cmd(h, j.case, j.metric, ranges.get((j.case, j.metric), ""),
                                                                j.night, store_path))]
-    md = S.markdown(suite, fields, rows, ranges, changes, cmds, catalog)
-    return md, S.verdict(suite, key, fields, rows, ranges, changes, cmds)
+    checked = S.Checked(suite, key, fields, rows, ranges, changes, cmds)
+    return S.markdown(checked, catalog), S.verdict(checked)
 
 
 def cmd_check(a: argparse.Namespace) -> int:
@@ -321,8 +322,10 @@ def cmd_history(a: argparse.Namespace) -> int:
 
 def noise_table(h: History, suite: str, key: str, cfg: R.RuleConfig) -> list[dict[str, Any]]:
     """Per case and metric: nights, robust night-to-night spread (1.4826 MAD / median of the night medians),
-    the widest deviation of a night from the median of all, and what the rules labelled the nights."""
+    the repeats' robust spread within a night, the widest deviation of a night from the median of all, and
+    what the rules labelled the nights."""
     judged = R.judge(h, suite, key, cfg)
+    values = h.values(h.nights(suite, key))
     rows = []
     for (case, metric), series in sorted(judged.items()):
         vals = [j.value for j in series if isinstance(j.value, float)]
@@ -333,8 +336,16 @@ def noise_table(h: History, suite: str, key: str, cfg: R.RuleConfig) -> list[dic
         labels: dict[str, int] = {}
         for j in series:
             labels[j.label] = labels.get(j.label, 0) + 1
+        # within a night: the repeats' robust sd around their night's median (log scale)
+        devs = []
+        for j in series:
+            xs = [s.value for s in values[j.night.id].get((case, metric), []) if s.value and s.value > 0]
+            if len(xs) > 1:
+                m = statistics.median(xs)
+                devs += [abs(math.log(x / m)) for x in xs if x != m]
         rows.append({"case": case, "metric": metric, "nights": len(vals),
                      "robust_cv": R.MAD_TO_SIGMA * mad / med if med else 0.0,
+                     "repeat_sd": R.MAD_TO_SIGMA * statistics.median(devs) if devs else 0.0,
                      "max_dev": max(abs(v / med - 1) for v in vals) if med else 0.0, "labels": labels})
     return rows
 
@@ -348,11 +359,11 @@ def cmd_noise(a: argparse.Namespace) -> int:
     if a.json:
         print(json.dumps(rows, indent=2))
         return 0
-    print(f"{'case':40}  {'metric':18}  {'nights':>6}  {'robust cv':>9}  {'max dev':>8}  labels")
+    print(f"{'case':40}  {'metric':18}  {'nights':>6}  {'nights sd':>9}  {'repeats sd':>10}  {'max dev':>8}  labels")
     for r in rows:
         labels = ", ".join(f"{k} {v}" for k, v in sorted(r["labels"].items()))
         print(f"{r['case']:40}  {r['metric']:18}  {r['nights']:>6}  {100 * r['robust_cv']:8.2f}%  "
-              f"{100 * r['max_dev']:7.2f}%  {labels}")
+              f"{100 * r['repeat_sd']:9.2f}%  {100 * r['max_dev']:7.2f}%  {labels}")
     return 0
 
 

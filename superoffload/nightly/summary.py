@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from superoffload.nightly.changes import ChangePoint
@@ -49,15 +50,22 @@ def fmt_allowed(j: Judgement, m: Metric | None) -> str:
     return f"±{100 * j.allowed:.1f} %"
 
 
-def markdown(
-    suite: str,
-    fingerprint: dict[str, Any],
-    rows: list[Judgement],
-    ranges: dict[tuple[str, str], str],
-    changes: list[ChangePoint],
-    bisect_cmds: list[str],
-    catalog: dict[str, Metric],
-) -> str:
+@dataclass(frozen=True)
+class Checked:
+    """What `nightly check` found for the newest night of a suite on one fingerprint."""
+
+    suite: str
+    fingerprint_key: str
+    fingerprint: dict[str, Any]
+    rows: list[Judgement]  # the newest night's judgement per case and metric, most severe first
+    ranges: dict[tuple[str, str], str]  # (case, metric) -> the commit range of its violation
+    changes: list[ChangePoint]
+    bisect_cmds: list[str]
+
+
+def markdown(c: Checked, catalog: dict[str, Metric]) -> str:
+    suite, fingerprint, rows, ranges, changes, bisect_cmds = (c.suite, c.fingerprint, c.rows, c.ranges, c.changes,
+                                                              c.bisect_cmds)
     if not rows:
         return f"# Nightly {suite}: no nights recorded\n"
     night = newest(rows)
@@ -93,42 +101,35 @@ def markdown(
     if changes:
         lines += ["Change points over the whole history (PELT):", "",
                   "| case | metric | before → after | change | commits | first night |", "|---|---|---|---|---|---|"]
-        for c in changes:
-            m = catalog.get(c.metric)
-            lines.append(f"| {c.case} | {c.metric} | {fmt_value(c.before, m)} → {fmt_value(c.after, m)} | "
-                         f"{100 * c.change:+.1f} % | {c.commit_range} | {c.bad.utc} |")
+        for cp in changes:
+            m = catalog.get(cp.metric)
+            lines.append(f"| {cp.case} | {cp.metric} | {fmt_value(cp.before, m)} → {fmt_value(cp.after, m)} | "
+                         f"{100 * cp.change:+.1f} % | {cp.commit_range} | {cp.bad.utc} |")
         lines.append("")
     if bisect_cmds:
         lines += ["To find the commit:", "", "```", *bisect_cmds, "```", ""]
     return "\n".join(lines)
 
 
-def verdict(
-    suite: str,
-    fingerprint_key: str,
-    fingerprint: dict[str, Any],
-    rows: list[Judgement],
-    ranges: dict[tuple[str, str], str],
-    changes: list[ChangePoint],
-    bisect_cmds: list[str],
-) -> dict[str, Any]:
+def verdict(c: Checked) -> dict[str, Any]:
+    rows, ranges, changes = c.rows, c.ranges, c.changes
     alerts = [j for j in rows if j.alert]
     night = newest(rows) if rows else None
     return {
-        "suite": suite,
-        "fingerprint": fingerprint_key,
-        "fingerprint_fields": fingerprint,
+        "suite": c.suite,
+        "fingerprint": c.fingerprint_key,
+        "fingerprint_fields": c.fingerprint,
         "night": night.id if night else None,
         "commit": night.commit if night else None,
         "rows": [{**j.as_dict(), "commits": ranges.get((j.case, j.metric))} for j in rows],
         "change_points": [
-            {"case": c.case, "metric": c.metric, "before": c.before, "after": c.after, "change": c.change,
-             "commits": c.commit_range, "night": c.bad.id, "utc": c.bad.utc}
-            for c in changes
+            {"case": cp.case, "metric": cp.metric, "before": cp.before, "after": cp.after, "change": cp.change,
+             "commits": cp.commit_range, "night": cp.bad.id, "utc": cp.bad.utc}
+            for cp in changes
         ],
         "regression": bool(alerts),
         "regressed": sorted({f"{j.case}:{j.metric}" for j in alerts}),
-        "bisect": bisect_cmds,
+        "bisect": c.bisect_cmds,
     }
 
 

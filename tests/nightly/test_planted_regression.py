@@ -88,6 +88,8 @@ def _planted(tmp_path: Path, good_nights: int, repeats: int, cfg: R.RuleConfig, 
     assert "superoffload_gpt-tiny_s32_b2:tokens_per_s" in verdict["regressed"]
     res = bisect(repo, SPEC, c["base"], c["after"], repeats=bisect_repeats, work=work / "bisect",
                  log=lambda s: None)
+    print(f"\n{md}\n{res.message}\nratios to good: " + ", ".join(
+        f"{name} {res.measured[sha].ratio:.3f}" for name, sha in c.items() if sha in res.measured))
     assert res.reproduced and res.first_bad == c["slow"], res.message
     assert res.measured[c["slow"]].ratio < 0.7 and "engine: a slower host pass" in res.message
     assert c["harmless"] in res.measured and res.measured[c["harmless"]].ratio > 0.6
