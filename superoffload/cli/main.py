@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import logging
 import sys
@@ -25,6 +26,29 @@ TOP_COMMANDS = [
 ]
 
 
+class SuggestingParser(argparse.ArgumentParser):
+    """An ArgumentParser whose "invalid choice" errors (an option's choices, a sub-command's name) end with
+    the closest valid choice: "...; did you mean 'superoffload'?". Python 3.11 has no such option (3.14's
+    `suggest_on_error`). Every sub-parser is one too: add_subparsers' parser_class defaults to type(self)."""
+
+    def _check_value(self, action: argparse.Action, value: object) -> None:
+        try:
+            super()._check_value(action, value)
+        except argparse.ArgumentError as e:
+            close = closest_choice(value, action.choices or ())
+            if close is None or "maybe you meant" in e.message:  # nothing close, or argparse said it itself
+                raise
+            raise argparse.ArgumentError(action, f"{e.message}; did you mean {close!r}?") from None
+
+
+def closest_choice(value: object, choices: object) -> str | None:
+    """The valid string choice nearest to ``value`` (difflib's ratio >= 0.6), or None."""
+    if not isinstance(value, str):
+        return None  # converted values (ints, paths): a spelling suggestion means nothing there
+    hits = difflib.get_close_matches(value, [c for c in choices if isinstance(c, str)], n=1)
+    return hits[0] if hits else None
+
+
 def _register(sub: argparse._SubParsersAction, modules: list[str]) -> None:
     for name in modules:
         try:
@@ -37,8 +61,8 @@ def _register(sub: argparse._SubParsersAction, modules: list[str]) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="superoffload", description=__doc__.strip() + " "
-                                     "SuperOffload training engine tools and benchmark harness.")
+    parser = SuggestingParser(prog="superoffload", description=__doc__.strip() + " "
+                              "SuperOffload training engine tools and benchmark harness.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     top = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     bench = top.add_parser("bench", help="benchmarks: run, compare, adam, cast, memory",

@@ -11,8 +11,28 @@ import subprocess
 import sys
 from pathlib import Path
 
+from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
+
+def _config_problem():
+    """None, or one line per error of the config (key path, schema message, closest valid name), the full
+    message going to .snakemake/config_error.txt: Snakemake's validate() alone prints the whole schema.
+    The checker is loaded by path because workflows/scripts is not a package."""
+    import importlib.util
+
+    base = Path(workflow.basedir) / "workflows"
+    spec = importlib.util.spec_from_file_location("config_check", base / "scripts" / "config_check.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    full = Path(".snakemake") / "config_error.txt"
+    return mod.check_config(config, base / "schemas" / "config.schema.yaml", full)
+
+
+# Raised here, before any rule is defined or job runs (and at top level: a one-line traceback).
+if _bad_config := _config_problem():
+    raise WorkflowError(_bad_config)
+# Passes now; kept because it fills the schema's defaults into `config`, which the rules rely on.
 validate(config, "../schemas/config.schema.yaml")
 
 PY = sys.executable  # the interpreter running Snakemake (the venv's)
