@@ -1,12 +1,13 @@
 # Two entry points, each doing its own set-up (a .venv in this folder):
 #   make all    the main job: `snakemake all` on the default profile
-#   make test   the test suite (what CI runs)
+#   make test   the test suite CI runs: all but the tests marked slow (each a longer variant of one that runs)
+#   make test-all  every test, the slow variants included
 SHELL := /bin/bash
 VENV := .venv/bin
 # DeepSpeed JIT-builds its CPU ops once (~2 min); keep them across runs and clones
 export TORCH_EXTENSIONS_DIR ?= $(HOME)/.cache/superoffload/torch_extensions
 
-.PHONY: all test setup lint figures ablation nightly report calibrate
+.PHONY: all test test-all setup lint figures ablation nightly report calibrate
 all: setup
 	$(VENV)/snakemake all
 
@@ -15,6 +16,9 @@ figures ablation nightly report calibrate: setup
 	$(VENV)/snakemake $@
 
 test: setup
+	$(VENV)/python -m pytest -q -m "not slow" tests
+
+test-all: setup
 	$(VENV)/python -m pytest -q tests
 
 setup:

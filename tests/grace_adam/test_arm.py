@@ -11,7 +11,6 @@ import pytest
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "arm_test.sh"
 
 
-@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("aarch64-linux-gnu-gcc") is None or shutil.which("qemu-aarch64") is None,
                     reason="needs aarch64-linux-gnu-gcc and qemu-aarch64 "
                            "(apt-get install gcc-aarch64-linux-gnu qemu-user)")

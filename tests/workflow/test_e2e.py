@@ -11,7 +11,6 @@ from wf_helpers import snakemake
 from reports import data as D
 
 
-@pytest.mark.slow
 def test_snakemake_all_smoke(results_dir):
     import torch
 
