@@ -230,12 +230,3 @@ def bisect(repo: Path, spec: CaseSpec, good: str, bad: str, metric: str = "token
             shutil.rmtree(work, ignore_errors=True)
         with contextlib.suppress(RuntimeError):
             git(repo, "worktree", "prune")
-
-
-SPEC_KEYS = ("steps", "warmup", "threads", "dtype", "grad_clip")
-
-
-def spec_of_record(rec: dict[str, Any]) -> dict[str, Any]:
-    """The CaseSpec keywords a run record was measured with (its ``run`` block)."""
-    run = rec.get("run") or {}
-    return {k: run[k] for k in SPEC_KEYS if run.get(k) is not None}

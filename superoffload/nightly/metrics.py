@@ -58,6 +58,8 @@ MICROBENCH: dict[str, Metric] = {m.name: m for m in (
 )}
 
 SUITES: dict[str, dict[str, Metric]] = {"training": TRAINING, "microbench": MICROBENCH}
+# how a case ran, as `bench run` flags: what `nightly bisect` needs to measure it again the same way
+SPEC_KEYS = ("steps", "warmup", "threads", "dtype", "grad_clip")
 
 
 def loss_hash(losses: list[Any]) -> str:
@@ -94,7 +96,7 @@ def from_record(case: str, rep: int, rec: dict[str, Any]) -> list[Sample]:
         if committed + rolled:
             values["rollback_rate"] = rolled / (committed + rolled)
     run = rec.get("run") or {}
-    spec = {k: run[k] for k in ("steps", "warmup", "threads", "dtype", "grad_clip") if run.get(k) is not None}
+    spec = {k: run[k] for k in SPEC_KEYS if run.get(k) is not None}
     out = [Sample(case, rep, "status", text=str(rec.get("status") or "error")),
            Sample(case, rep, "spec", text=json.dumps(spec, sort_keys=True))]
     out += [Sample(case, rep, k, value=v) for k, v in values.items() if v is not None]

@@ -23,7 +23,7 @@ import math
 import statistics
 import subprocess
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from superoffload.nightly.metrics import SUITES, Metric
@@ -311,7 +311,3 @@ def violation_start(series: list[Judgement], upto: Judgement) -> Judgement:
     while i > 0 and series[i - 1].direction == upto.direction and series[i - 1].direction != 0:
         i -= 1
     return series[i]
-
-
-def with_floors(cfg: RuleConfig, **floors: float) -> RuleConfig:
-    return replace(cfg, floors={**cfg.floors, **floors})
