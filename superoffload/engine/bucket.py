@@ -7,12 +7,17 @@ shard [lo, hi) of the bucket's padded flat layout:
   its host store (weight flow fetches from it).
 - host buckets: fp32 `master`, `exp_avg`, `exp_avg_sq` (pageable); `landing`, the gradient shard the
   host kernel reads (pinned; with a device that shares host memory it is the flatten/reduce target
-  itself); `upload`, the kernel's low-precision (or fp32) output (pinned); `norm_host`, the shard's
-  squared norm; rollback_mode full_copy: `spare`, a second master/m/v set the speculative step writes.
+  itself); `upload`, the kernel's low-precision (or fp32) output (pinned), or with `upload_slots` > 0
+  none: the bucket borrows a slot of the engine's upload ring (`UploadRing`) when it publishes;
+  `norm_host`, the shard's squared norm; rollback_mode full_copy: `spare`, a second master/m/v set the
+  speculative step writes.
 - tail buckets: fp32 master, moments and gradient shard on the device.
 
 The speculative step never writes what the model reads: it writes `upload` (deferred mode) or `spare`
-and `upload` (full_copy). The weights change only when `finalize` publishes them after validation, so a
+and `upload` (full_copy). With an upload ring only the first `upload_slots` buckets in forward order
+have a slot to speculate into; the others speculate nothing (deferred: their step runs when finalize
+publishes them, one pass writing state and weights) or only their state (full_copy: the weights are
+cast from the new master at publish). The weights change only when `finalize` publishes them after validation, so a
 forward or a read between backward() and step() sees the pre-step weights, and a step that is
 discarded leaves nothing to restore.
 
@@ -109,7 +114,7 @@ class HostBuffers:
     max_exp_avg_sq: torch.Tensor | None
     spare: list[torch.Tensor] | None
     landing: torch.Tensor
-    upload: torch.Tensor
+    upload: torch.Tensor | None  # None: the bucket publishes through a slot of the engine's upload ring
     norm_host: torch.Tensor
 
 
@@ -145,6 +150,16 @@ class Bucket:
         self._present_idx: set[int] = set()
         self.launched = False
         self.ready = 0
+        # upload ring (config upload_slots > 0): the slot this bucket publishes through, and whether the
+        # speculative step may fill it during backward (the first buckets in forward order)
+        self.ring: Any = None
+        self.ring_slot = 0
+        self.speculates_weights = host is not None and host.upload is not None
+        self._spec_weights = False  # worker thread: this step's speculation wrote the weights to publish
+
+    def use_upload_ring(self, ring: Any, slot: int, speculate: bool) -> None:
+        """Publish through `ring`'s slot `slot`; `speculate`: the speculative step writes it."""
+        self.ring, self.ring_slot, self.speculates_weights = ring, slot, speculate
 
     # --- identity and sizes ------------------------------------------------------------------------
     @property
@@ -274,7 +289,19 @@ class Bucket:
         assert h is not None
         home = self.home_shard()
         host_addressable = self.flowed or self.ctx.device.shares_host_memory
-        return home if host_addressable and home.dtype == h.upload.dtype else None
+        return home if host_addressable and home.dtype == self._out_dtype() else None
+
+    def _out_dtype(self) -> torch.dtype:
+        h = self.host
+        assert h is not None
+        return h.upload.dtype if h.upload is not None else self.ring.dtype
+
+    def _out(self) -> torch.Tensor:
+        """Where the host kernel writes this shard's new weights before they are published: the bucket's
+        upload buffer, or its slot of the upload ring."""
+        h = self.host
+        assert h is not None
+        return h.upload if h.upload is not None else self.ring.slots[self.ring_slot][: self.shard_numel]
 
     def _step_in_place(self, scale: float, hps: dict[int, HyperParams], steps: dict[int, int]) -> bool:
         """Run the committing kernel straight into the home shard when it can be written in place
@@ -288,20 +315,32 @@ class Bucket:
         return True
 
     def _wait_upload_buffer_free(self) -> None:
-        # a previous non-blocking H2D may still be reading `upload`; don't overwrite it under the DMA
-        self.ctx.device.sync_event(self.upload_event, "host: upload buffer free")
+        # a previous non-blocking H2D may still be reading `upload` (or the ring slot, which another bucket
+        # published through); don't overwrite it under the DMA
+        if self.ring is not None:
+            self.ctx.device.sync_event(self.ring.free_event[self.ring_slot], "host: upload slot free")
+        else:
+            self.ctx.device.sync_event(self.upload_event, "host: upload buffer free")
 
     def speculate(self, scale: float, hps: dict[int, HyperParams], steps: dict[int, int]) -> None:
         """Step this bucket's shard before the global norm is known (clip factor assumed 1). Writes only
-        `upload` (and `spare` with full_copy): nothing the model reads."""
+        `upload` or its ring slot (and `spare` with full_copy): nothing the model reads. A bucket without
+        a slot to fill writes only `spare` (full_copy) or nothing (deferred: it steps at publish)."""
         ctx, h = self.ctx, self.host
         assert h is not None
+        self._spec_weights = False
         ctx.device.sync_event(self.d2h_event, "speculate: gradient landed")
         if not math.isfinite(float(h.norm_host[0])):
             return  # never step a shard whose own gradient is not finite (validation will skip or redo)
+        if not self.speculates_weights and h.spare is None:
+            return
         t0 = time.perf_counter()
-        self._wait_upload_buffer_free()
-        self._run_kernel(scale, hps, steps, commit=False, out=h.upload, out_of_place=h.spare is not None)
+        out = None
+        if self.speculates_weights:
+            self._wait_upload_buffer_free()
+            out = self._out()
+        self._run_kernel(scale, hps, steps, commit=False, out=out, out_of_place=h.spare is not None)
+        self._spec_weights = out is not None
         ctx.counters.add(host_step_s=time.perf_counter() - t0)
 
     def finalize(self, kind: Finalize, scale: float, hps: dict[int, HyperParams], steps: dict[int, int],
@@ -324,25 +363,37 @@ class Bucket:
         if kind is Finalize.NOTHING:
             return
         t0 = time.perf_counter()
+        spec_weights, self._spec_weights = self._spec_weights, False
         if kind is Finalize.COMMIT:
             if h.spare is not None:  # full_copy: the new state is in the spare set, its weights in upload
                 self._swap_state()
-                self._publish(h.upload)
+                if not spec_weights:  # no slot to speculate into: the weights are the new master's cast
+                    self._wait_upload_buffer_free()
+                    with ctx.device.access(reads=[h.master], writes=[self._out()]):
+                        self._out().copy_(h.master)
+                self._publish(self._out())
+            elif not spec_weights:
+                # an upload ring bucket that had no slot: one pass writes the state and the weights (the
+                # same inputs and arithmetic as a speculative pass), published at once
+                if not self._step_in_place(scale, hps, steps):
+                    self._wait_upload_buffer_free()
+                    self._run_kernel(scale, hps, steps, commit=True, out=self._out())
+                    self._publish(self._out())
             else:
                 # same inputs, same arithmetic as the speculative pass: where the weights can be written
                 # in place, the commit pass writes state and weights in one pass
                 if not self._step_in_place(scale, hps, steps):
                     # weights now (the next forward waits for them); the commit pass, which only the next
                     # step's use of this bucket needs, is queued after every bucket's return (commit_state)
-                    self._publish(h.upload)
+                    self._publish(self._out())
                     self._commit_pending = (scale, hps, steps)
             ctx.counters.add(commit_s=time.perf_counter() - t0)
             return
         # REDO: the state is untouched in both rollback modes; step it now
         if not self._step_in_place(scale, hps, steps):
             self._wait_upload_buffer_free()
-            self._run_kernel(scale, hps, steps, commit=True, out=h.upload)
-            self._publish(h.upload)
+            self._run_kernel(scale, hps, steps, commit=True, out=self._out())
+            self._publish(self._out())
         label = "rollback_s" if speculated else "host_step_s"
         ctx.counters.add(**{label: time.perf_counter() - t0})
 
@@ -391,6 +442,8 @@ class Bucket:
                 else:
                     dst.copy_(src, non_blocking=True)
                     nbytes = 0 if dev.shares_host_memory else src.numel() * src.element_size()
+            if src is not None and self.ring is not None:
+                dev.record(self.ring.free_event[self.ring_slot], stream, "publish: upload slot read")
             if not self.flowed:
                 with dev.access(reads=[self.home_shard()], writes=[self.home] if ctx.comm.active else []):
                     self.gather = ctx.comm.all_gather(self.home, self.home_shard(), worker=True)

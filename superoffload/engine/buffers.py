@@ -96,3 +96,23 @@ class StagingRing:
         for t in (*self.flat, *self.shard):
             self.device.free(t, "staging")
         self.flat, self.shard = [], []
+
+
+class UploadRing:
+    """Pinned host slots that host buckets' new weights pass through on their way to the device (config
+    `upload_slots`), instead of one upload buffer per bucket. The bucket at publish position p (forward
+    order) uses slot p mod k, so within a step a slot is reused only by a later publish; the host writes
+    a slot only after the H2D that last read it ran (its `free` event, recorded on the upload stream)."""
+
+    def __init__(self, device: Device, slots: int, numel: int, dtype: torch.dtype) -> None:
+        self.dtype = dtype
+        self.arena = HostArena(device, pinned=not device.shares_host_memory, category="transfer")
+        reqs = [self.arena.request(numel, dtype) for _ in range(slots)]
+        self.arena.allocate()
+        self.slots = [r.tensor for r in reqs]
+        for t in self.slots:
+            t.zero_()
+        self.free_event = [device.new_event() for _ in range(slots)]
+
+    def __len__(self) -> int:
+        return len(self.slots)

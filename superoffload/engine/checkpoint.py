@@ -222,7 +222,7 @@ def publish_masters(eng: SuperOffloadEngine) -> None:
         for b in [*eng.buckets, *(b for b in eng._flow_buckets if b not in eng.buckets)]:
             master = b.tail["master"] if b.tail is not None else b.host.master
             b.home_shard().copy_(master)
-            if b.host is not None:
+            if b.host is not None and b.host.upload is not None:
                 b.host.upload.copy_(master)  # the upload copy mirrors the weights (see Bucket._run_kernel)
             if not b.flowed:
                 b.gather = eng.comm.all_gather(b.home, b.home_shard(), worker=False)

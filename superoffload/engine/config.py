@@ -120,6 +120,14 @@ class SuperOffloadConfig:
     """auto | cuda | host (CPU-only) | sim (the CUDA code path on a simulated device) | cpu (= host)"""
     staging_buffers: int = 2
     """device staging slots for host buckets' flat gradients (a ring; each the largest bucket's size)"""
+    upload_slots: int = 0
+    """how host buckets' new weights reach the device. 0: each host bucket has a pinned upload buffer of
+    its shard's size (model-sized in all), which the speculative step fills during backward. k >= 1: a
+    ring of k pinned slots, each the largest host shard: the first k buckets in forward order speculate
+    into their slot during backward, the others step when step() publishes them (forward order,
+    pipelined with the next forward). Results are bit-identical either way; the ring saves
+    2-4 B/param of pinned host memory for host time at publish (the planner picks it when host memory
+    binds)"""
     flow_layers: list[int] = field(default_factory=list)
     """indices into the model's list of blocks whose weights live in host memory, fetched before use"""
     flow_prefetch: int = 1
@@ -172,6 +180,9 @@ class SuperOffloadConfig:
                               f"{self.max_consecutive_skips}")
         if self.staging_buffers < 1:
             raise ConfigError(f"staging_buffers must be an integer >= 1, got {self.staging_buffers}")
+        if self.upload_slots < 0:
+            raise ConfigError(f"upload_slots must be an integer >= 0 (0: one upload buffer per host bucket; "
+                              f"k: a ring of k slots), got {self.upload_slots}")
         if self.host_optimizer != "grace" and o.amsgrad:
             raise ConfigError(f"amsgrad needs host_optimizer 'grace' (got {self.host_optimizer!r})")
         if self.host_optimizer == "torch" and not o.bias_correction:

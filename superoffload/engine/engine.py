@@ -44,7 +44,7 @@ from superoffload.engine.bucket import (
     HyperParams,
     Speculation,
 )
-from superoffload.engine.buffers import HostArena, StagingRing
+from superoffload.engine.buffers import HostArena, StagingRing, UploadRing
 from superoffload.engine.comm import Comm
 from superoffload.engine.config import ConfigError, SuperOffloadConfig
 from superoffload.engine.hooks import EngineHook
@@ -150,6 +150,7 @@ class SuperOffloadEngine:
         self._module_buckets: dict[nn.Module, list[Bucket]] = {}
         self._arenas: list[HostArena] = []
         self.ring: StagingRing | None = None
+        self.upload_ring: UploadRing | None = None
         self.norms: torch.Tensor | None = None
         self._upload_stage: torch.Tensor | None = None
         self._arrival: list[int] = []
@@ -206,6 +207,7 @@ class SuperOffloadEngine:
         self.order, self.layout_measured = order, True
         self.norms = self.backend.zeros(len(self.buckets), torch.float64, "staging")
         self._ensure_ring(self.buckets)
+        self._ensure_upload_ring(self.buckets)
         if self.dtype != torch.float32 and cfg.param_cast == "device" and not self.backend.shares_host_memory:
             self._upload_stage = self.backend.empty(max(b.shard_numel for b in self.buckets), torch.float32,
                                                    "staging")
@@ -275,7 +277,7 @@ class SuperOffloadEngine:
                 "state": [pageable.request(n, torch.float32) for _ in range(state)],
                 "spare": [pageable.request(n, torch.float32) for _ in range(state)] if self.ctx.full_copy else None,
                 "landing": (pageable if dev.shares_host_memory else pinned).request(landing_n, grad_dtype),
-                "upload": pinned.request(n, up_dtype),
+                "upload": pinned.request(n, up_dtype) if cfg.upload_slots == 0 else None,
                 "norm": pinned.request(1, torch.float64),
                 "store": pinned.request(n, self.dtype) if lay.flow_block is not None else None}
         pinned.allocate()
@@ -300,10 +302,12 @@ class SuperOffloadEngine:
             host = HostBuffers(master=st[0], exp_avg=st[1], exp_avg_sq=st[2],
                                max_exp_avg_sq=st[3] if len(st) > 3 else None,
                                spare=[r.tensor for r in req["spare"]] if req["spare"] is not None else None,
-                               landing=req["landing"].tensor, upload=req["upload"].tensor,
+                               landing=req["landing"].tensor,
+                               upload=req["upload"].tensor if req["upload"] is not None else None,
                                norm_host=req["norm"].tensor)
             host.norm_host.zero_()
-            host.upload.zero_()
+            if host.upload is not None:
+                host.upload.zero_()
             master = host.master
         with torch.no_grad():
             for s in lay.slots:  # this rank's part of each parameter's fp32 master
@@ -344,6 +348,23 @@ class SuperOffloadEngine:
         # host buffer directly (a device that is the host) and tail buckets' fp32 gradients take it as is
         self.ring = StagingRing(dev, cfg.staging_buffers, numel, numel // comm.world, dtype,
                                 separate_shard=comm.active and (not dev.shares_host_memory or dtype != torch.float32))
+
+    def _ensure_upload_ring(self, buckets: list[Bucket]) -> None:
+        """With `upload_slots` = k > 0: k pinned slots of the largest host shard, in the dtype weights
+        cross the link in. Publish order is forward order (the last-arriving host bucket first, see
+        `_validate_and_apply`); the first k buckets in it may speculate into their slot."""
+        host = [b for b in buckets if b.host is not None and b.host.upload is None]
+        if not host:
+            return
+        # flowed blocks' buckets are built at initialize: a reconfigure (the plan) that changed upload_slots
+        # after that leaves them as they were built, with their own buffers or, turned off, a 2-slot ring
+        k = self.config.upload_slots or 2
+        lowp = self.dtype != torch.float32
+        up_dtype = self.dtype if lowp and self.config.param_cast == "host" else torch.float32
+        self.upload_ring = UploadRing(self.backend, k, max(b.shard_numel for b in host), up_dtype)
+        self._arenas.append(self.upload_ring.arena)
+        for p, b in enumerate(reversed(host)):
+            b.use_upload_ring(self.upload_ring, p % k, speculate=p < k)
 
     def _grad_dtype(self) -> torch.dtype:
         """The dtype gradients are flattened, reduced and moved to the host in: the training precision with
@@ -1043,8 +1064,11 @@ class SuperOffloadEngine:
         if self._plain is not None:  # superoffload.AdamW: what the engine learned of the loop
             extra["plain_loop"] = {"predicted_passes": self._plain.predicted(), "overruns": self._plain.overruns}
         tail_bytes = sum(t.numel() * t.element_size() for b in dev for t in b.tail.values())
+        window = self._recent_rollbacks
+        recent = sum(window) / len(window) if window else 0.0
         return {
             "buckets_host": len(host), "buckets_device": len(dev),
+            "upload_slots": len(self.upload_ring) if self.upload_ring is not None else 0,
             "bucket_size": self.config.bucket_size, "params": sum(s.numel for s in self.slots),
             "world_size": self.comm.world, "rank": self.comm.rank,
             "device_tail_params": sum(b.layout.numel for b in dev),
@@ -1054,10 +1078,12 @@ class SuperOffloadEngine:
             "layout_measured": self.layout_measured,
             "bytes": {"d2h": int(c.pop("bytes_d2h", 0)), "h2d": int(c.pop("bytes_h2d", 0))},
             "time_s": {**c, "host_worker_busy_s": self.worker.busy_s},
+            # with speculation off nothing is rolled back: the rate of recent steps that clipped or skipped
+            # (what a speculation would have had to redo) is reported apart, and the rollback rate is None
             "speculation": {**dict(self.spec_counts), "enabled": self.config.speculation,
                             "mode": self.config.rollback_mode,
-                            "recent_rollback_rate": (sum(self._recent_rollbacks) / len(self._recent_rollbacks)
-                                                     if self._recent_rollbacks else 0.0),
+                            "recent_rollback_rate": recent if self.config.speculation else None,
+                            "recent_clip_or_skip_rate": recent,
                             "rollback_time_s": c.get("rollback_s", 0.0)},
             "loss_scale": self.loss_scale.scale if self.loss_scale.enabled else None,
             "last_grad_norm": self.last_grad_norm,

@@ -216,6 +216,9 @@ POINTS = {
     "forward: waits for the upload count": ({}, "slow_publish"),
     "publish: weights written": ({}, None),
     "host: upload buffer free": ({"bucket_size": 272}, "alternating"),  # one Linear per bucket
+    # an upload ring of one slot: every bucket publishes through it
+    "host: upload slot free": ({"bucket_size": 272, "upload_slots": 1}, "alternating"),
+    "publish: upload slot read": ({"bucket_size": 272, "upload_slots": 1}, "alternating"),
     "speculate: gradient landed": ({}, None),
     "finalize: gradient landed": ({"speculation": False}, None),
     "flow fetch: copy waits for compute": ({"flow_layers": [1, 2]}, None),

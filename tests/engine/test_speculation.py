@@ -22,18 +22,22 @@ from tests.engine.helpers import (
 )
 
 
-@pytest.mark.parametrize("precision,mode", [("fp32", "deferred"), ("bf16", "deferred"), ("fp16", "deferred"),
-                                            ("bf16", "full_copy")])
-def test_200_steps_speculation_equals_validate_then_step(precision, mode):
+@pytest.mark.parametrize("precision,mode,slots", [("fp32", "deferred", 0), ("bf16", "deferred", 0),
+                                                 ("fp16", "deferred", 0), ("bf16", "full_copy", 0),
+                                                 ("bf16", "deferred", 2), ("fp32", "full_copy", 1)])
+def test_200_steps_speculation_equals_validate_then_step(precision, mode, slots):
+    """Also through an upload ring (`upload_slots`), against validate-first with per-bucket buffers."""
     steps = 200
     data = batches(seq=16, batch=1)
     cfg = {"optimizer": OPT, "precision": precision, "bucket_size": 40_000, "device_tail_buckets": 1,
            "rollback_mode": mode}
     if precision == "fp16":  # the injections drive the scale to its minimum: keep skipping, do not raise
         cfg["loss_scale"] = {"init_scale": 2.0**8, "growth_interval": 20, "raise_at_min_scale": False}
-    spec = run(make_model, {**cfg, "speculation": True,
+    spec = run(make_model, {**cfg, "speculation": True, "upload_slots": slots,
                             "speculation_policy": {"max_rollback_rate": 1.0}}, steps, make_schedule(steps), data)
     ref = run(make_model, {**cfg, "speculation": False}, steps, make_schedule(steps), data)
+    if slots:
+        assert spec.upload_ring is not None and len(spec.upload_ring) == slots
     assert_state_equal(spec.state_dict(), ref.state_dict())
     for a, b in zip(spec.model.parameters(), ref.model.parameters(), strict=True):
         assert torch.equal(a, b)
@@ -58,18 +62,21 @@ def test_speculation_exact_with_grad_accumulation():
     assert spec.stats["speculation"]["rolled_back"] > 0
 
 
-def test_speculation_exact_across_resume():
+@pytest.mark.parametrize("device,first_slots,resumed_slots", [("host", 0, 0), ("sim", 2, 0), ("sim", 0, 3)])
+def test_speculation_exact_across_resume(device, first_slots, resumed_slots):
+    """Also across upload layouts: a checkpoint holds no transfer buffer, so a run saved with an upload
+    ring resumes bit-exactly without one and the other way round."""
     steps, half = 30, 15
     data = batches(seq=16, batch=1)
     cfg = {"optimizer": OPT, "precision": "bf16", "bucket_size": 40_000,
            "speculation_policy": {"max_rollback_rate": 1.0}}
     ref = run(make_model, {**cfg, "speculation": False}, steps, make_schedule(steps), data)
-    first = run(make_model, cfg, half, make_schedule(steps), data)
+    first = run(make_model, {**cfg, "device": device, "upload_slots": first_slots}, half, make_schedule(steps), data)
     sd = first.state_dict()
     sched = make_schedule(steps)
     model = make_model(seed=5)
     sched.attach(model)
-    resumed = superoffload.initialize(model, cfg)
+    resumed = superoffload.initialize(model, {**cfg, "device": device, "upload_slots": resumed_slots})
     resumed.load_state_dict(sd)
     for i in range(half, steps):
         sched.before_step(resumed, i)
@@ -119,12 +126,13 @@ class _XData:
            st.sampled_from(["first", "middle", "last", "tail"]), st.sampled_from([math.nan, math.inf, -math.inf])),
            max_size=2), max_size=3),
        clip_steps=st.sets(st.integers(0, 9), max_size=4), skip_nonfinite=st.booleans(),
-       device=st.sampled_from(["host", "sim"]))
+       device=st.sampled_from(["host", "sim"]), slots=st.integers(0, 3))
 def test_property_random_shapes_buckets_injections(widths, bucket_size, tail, precision, accum, mode, inject,
-                                                  clip_steps, skip_nonfinite, device):
+                                                  clip_steps, skip_nonfinite, device, slots):
     """Speculation on `device` equals validate-first on the CPU-only device, bit for bit (so on the
     simulated device it also checks that the CUDA code path computes exactly what the host path does),
-    also with skip_nonfinite off, where a non-finite shard is committed by a redo."""
+    also with skip_nonfinite off, where a non-finite shard is committed by a redo, and through an upload
+    ring of `slots` slots (0: per-bucket upload buffers) against per-bucket buffers."""
     cfg = {"optimizer": OPT, "precision": precision, "bucket_size": bucket_size, "device_tail_buckets": tail,
            "rollback_mode": mode, "grad_accum": accum, "skip_nonfinite": skip_nonfinite}
 
@@ -135,8 +143,8 @@ def test_property_random_shapes_buckets_injections(widths, bucket_size, tail, pr
         return Schedule({i: 1e-4 for i in clip_steps}, inject, base_clip=1e4)
 
     data = _XData(widths[0])
-    spec = _run_mlp(model_fn, {**cfg, "device": device, "speculation_policy": {"max_rollback_rate": 1.0}},
-                    sched(), data)
+    spec = _run_mlp(model_fn, {**cfg, "device": device, "upload_slots": slots,
+                               "speculation_policy": {"max_rollback_rate": 1.0}}, sched(), data)
     ref = _run_mlp(model_fn, {**cfg, "device": "host", "speculation": False}, sched(), data)
     assert_state_equal(spec.state_dict(), ref.state_dict())
     spec.close()
@@ -174,3 +182,43 @@ def test_warmup_policy_switches_to_validate_first_when_rollbacks_are_frequent():
     s = engine.stats["speculation"]
     # speculates until the window fills with rollbacks, then validates first for the rest
     assert s["speculated"] == 1 and s["validate_first"] == 19 and s["recent_rollback_rate"] == 1.0
+
+
+@pytest.mark.parametrize("at_init,planned", [(0, 2), (3, 0)])
+def test_upload_ring_changed_by_reconfigure_with_flowed_blocks(at_init, planned):
+    """A plan may change upload_slots after initialize (superoffload.AdamW reconfigures at the first step),
+    when the flowed blocks' buckets are already built: they keep what they were built with (their own
+    buffers, or a ring) and the rest follow the new value; the run equals validate-first bit for bit."""
+    steps = 12
+    data = batches(seq=16, batch=1)
+    cfg = {"optimizer": OPT, "precision": "bf16", "bucket_size": 4096, "device": "sim", "flow_layers": [1, 2],
+           "speculation_policy": {"max_rollback_rate": 1.0}}
+    sched = make_schedule(steps)
+    model = make_model()
+    sched.attach(model)
+    engine = superoffload.initialize(model, {**cfg, "upload_slots": at_init})
+    engine.reconfigure({"upload_slots": planned})
+    for i in range(steps):
+        sched.before_step(engine, i)
+        b = data.batch_at(i)
+        engine.backward(engine(b.inputs[0], b.targets[0]))
+        engine.step()
+    engine.synchronize()
+    ref = run(make_model, {**cfg, "speculation": False}, steps, make_schedule(steps), data)
+    assert engine.upload_ring is not None
+    assert_state_equal(engine.state_dict(), ref.state_dict())
+    for a, b in zip(engine.model.parameters(), ref.model.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_rollback_rate_is_none_when_nothing_speculates():
+    """With speculation off nothing is rolled back: the stats say None, and report apart how often the
+    recent steps clipped or skipped (what a speculation would have redone)."""
+    steps = 6
+    data = batches(seq=16, batch=1)
+    cfg = {"optimizer": OPT, "precision": "bf16", "bucket_size": 40_000, "speculation": False, "grad_clip": 1e-6}
+    engine = run(make_model, cfg, steps, Schedule({}, {}, base_clip=1e-6), data)
+    s = engine.stats["speculation"]
+    assert s["enabled"] is False and s["recent_rollback_rate"] is None
+    assert s["recent_clip_or_skip_rate"] == 1.0 and s["validate_first"] == steps
+    assert engine.stats["upload_slots"] == 0
