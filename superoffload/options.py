@@ -61,6 +61,7 @@ ENGINE_DEFAULTS: dict[str, Any] = {
     "flow_prefetch": 1,  # blocks fetched ahead of use (0 = on demand)
     "grad_accum": 1,
     "grad_clip": 0.0,  # global-norm threshold; 0 = off
+    "upload_slots": 0,  # 0: an upload buffer per host bucket; k: a ring of k pinned slots
 }
 SHARED_KEYS: tuple[str, ...] = tuple(ENGINE_DEFAULTS)
 

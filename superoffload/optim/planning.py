@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 # what the engine reads when it builds its buckets (at the first step): the plan may still set these
 LAYOUT_KEYS = ("bucket_size", "device_tail_buckets", "speculation", "rollback_mode", "grad_cast", "param_cast",
-               "host_optimizer")
+               "host_optimizer", "upload_slots")
 
 
 def _input_shape(args: tuple, kwargs: dict) -> tuple[int, int] | None:

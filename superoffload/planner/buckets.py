@@ -47,6 +47,7 @@ class BucketGroup:
     pieces: list[tuple[str, int]]
     real_buckets: int
     on_device: bool
+    first_forward: bool = False  # among the first ``last_host`` host buckets in forward order
 
     @property
     def params(self) -> int:
@@ -88,15 +89,20 @@ def split_params(shape: ModelShape, device_tail_buckets: int, bucket_size: int) 
 
 
 def bucket_groups(shape: ModelShape, bucket_size: int, device_tail_buckets: int,
-                  max_groups: int = 48, max_tail_groups: int = 8) -> list[BucketGroup]:
-    """Groups of consecutive engine buckets in arrival order: host buckets first, then the device tail."""
+                  max_groups: int = 48, max_tail_groups: int = 8, last_host: int = 0) -> list[BucketGroup]:
+    """Groups of consecutive engine buckets in arrival order: host buckets first, then the device tail.
+    ``last_host``: the last that many host buckets (the first in forward order: those an upload ring
+    lets speculate, config ``upload_slots``) are grouped apart from the others, so the model sees them."""
     packed = pack_buckets(shape, bucket_size)
     n_tail = len(packed) - tail_start(len(packed), device_tail_buckets)
-    parts = ((packed[:len(packed) - n_tail], False, max_groups), (packed[len(packed) - n_tail:], True, max_tail_groups))
+    host = packed[:len(packed) - n_tail]
+    last = min(last_host, len(host))
+    parts = ((host[:len(host) - last], False, max_groups), (host[len(host) - last:], False, max_tail_groups),
+             (packed[len(packed) - n_tail:], True, max_tail_groups))
     groups: list[BucketGroup] = []
-    for buckets, on_device, cap in parts:
+    for i, (buckets, on_device, cap) in enumerate(parts):
         per_group = math.ceil(len(buckets) / cap) if buckets else 1
         for k in range(0, len(buckets), per_group):
             chunk = buckets[k:k + per_group]
-            groups.append(BucketGroup(_merge([p for b in chunk for p in b]), len(chunk), on_device))
+            groups.append(BucketGroup(_merge([p for b in chunk for p in b]), len(chunk), on_device, i == 1))
     return groups

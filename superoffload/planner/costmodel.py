@@ -311,7 +311,7 @@ class _Builder:
         self.host_shares_compute = hw.device_is_host and host_cores_per_rank(w, hw) < 2
         self.graph = Graph({HOST: COMPUTE} if self.host_shares_compute else None)
         bucket = w.shape.block_params() if spec.all_layers_stream else spec.bucket_size
-        self.groups = bk.bucket_groups(w.shape, bucket, spec.device_tail_buckets)
+        self.groups = bk.bucket_groups(w.shape, bucket, spec.device_tail_buckets, last_host=spec.upload_slots)
         self.layers = w.shape.layers
         self.world = max(1, spec.world)
         # the share of a bucket (or layer) this rank's optimizer owns
@@ -528,7 +528,14 @@ class _Builder:
         (after validation unless speculating) and its commit pass. Returns (group, host Adam op)."""
         spec, graph, hw = self.spec, self.graph, self.hw
         adams: list[tuple[int, int]] = []
+        commits: list[tuple[int, int]] = []
+        # an upload ring (upload_slots): only the first buckets in forward order have a slot to speculate
+        # into; the others step when step() publishes them, after validation, in forward order
+        at_publish = [p for p in self._pending if spec.upload_slots and not p["device"]
+                      and not self.groups[p["j"]].first_forward and not spec.host_waits_backward]
         for p in self._pending:
+            if any(p is q for q in at_publish):
+                continue
             group = self.groups[p["j"]]
             shard = group.params * self.shard
             if p["device"]:
@@ -546,11 +553,36 @@ class _Builder:
             adam = graph.add(f"it{it}.hadam{p['j']}", HOST, t, deps, "host_adam", it)
             step_ops.append(adam)
             if spec.commit_bytes:
-                commit_t = shard * spec.commit_bytes / (hw.host_adam_gbps[spec.host_optimizer] * 1e9)
-                step_ops.append(graph.add(f"it{it}.commit{p['j']}", HOST, commit_t, [adam, validate],
-                                          "host_commit", it))
+                commits.append((p["j"], adam))
             adams.append((p["j"], adam))
+        for p in reversed(at_publish):
+            adams.append((p["j"], self._step_at_publish(it, p, validate, step_ops)))
+        # the deferred commit passes run after every bucket's return (the worker's queue order)
+        commit_gbps = hw.host_adam_gbps[spec.host_optimizer]
+        for j, adam in commits:
+            commit_t = self.groups[j].params * self.shard * spec.commit_bytes / (commit_gbps * 1e9)
+            step_ops.append(graph.add(f"it{it}.commit{j}", HOST, commit_t, [adam, validate], "host_commit", it))
         return adams
+
+    def _step_at_publish(self, it: int, p: dict[str, Any], validate: int, step_ops: list[int]) -> int:
+        """A bucket without an upload slot: deferred, one pass writing state and weights after validation;
+        full_copy, the out-of-place pass during backward (no weights) and the weights cast from the new
+        master at publish. Returns the op the bucket's return waits for."""
+        spec, graph, hw = self.spec, self.graph, self.hw
+        group = self.groups[p["j"]]
+        shard = group.params * self.shard
+        latency = group.real_buckets * hw.sync_latency_s
+        if spec.commit_bytes:  # deferred
+            t = hw.host_adam_seconds(shard, spec.host_optimizer, spec.spec_extra_bytes) + latency
+            op = graph.add(f"it{it}.padam{p['j']}", HOST, t, [p["ready"], validate], "host_adam", it)
+        else:
+            t = hw.host_adam_seconds(shard, spec.host_optimizer, spec.spec_extra_bytes - spec.fused_cast_bytes)
+            adam = graph.add(f"it{it}.hadam{p['j']}", HOST, t + latency, [p["ready"]], "host_adam", it)
+            step_ops.append(adam)
+            op = graph.add(f"it{it}.pcast{p['j']}", HOST, self.costs.host_cast(shard), [adam, validate],
+                           "host_cast", it)
+        step_ops.append(op)
+        return op
 
     def _returns(self, it: int, validate: int, adams: list[tuple[int, int]], unit_ready: dict[str, list[int]],
                  step_ops: list[int]) -> None:
@@ -731,7 +763,7 @@ def engine_memory_input(opts: Options, hw: HardwareProfile, world: int = 1,
         precision=opts.precision, bucket_size=opts.bucket_size, device_tail_buckets=opts.device_tail_buckets,
         flow_layers=tuple(opts.flow_layers), flow_prefetch=opts.flow_prefetch, grad_cast=opts.grad_cast,
         param_cast=opts.param_cast, rollback_mode=opts.rollback_mode, grad_accum=opts.grad_accum, world=world,
-        device_is_host=hw.device_is_host, sp=w.sp if w else 1,
+        upload_slots=opts.upload_slots, device_is_host=hw.device_is_host, sp=w.sp if w else 1,
         offload_checkpoints=bool(w and w.offload_checkpoints), loss_tile=w.loss_tile if w else None)
 
 
@@ -751,6 +783,20 @@ def predict(system: str, w: Workload, hw: HardwareProfile, opts: Options | None 
     return _summarise(system, w, hw, opts, spec, b, sched, hbm_budget)
 
 
+def _memory_fits(mem: MemoryEstimate, hw: HardwareProfile, hbm_budget: float | None = None) -> bool:
+    budget = hw.device_hbm_bytes if hbm_budget is None else hbm_budget
+    if hw.device_is_host:  # one memory holds both
+        return mem.device_total + mem.host_total <= hw.host_memory_bytes
+    return mem.device_total <= budget and mem.host_total <= hw.host_memory_bytes
+
+
+def fits_memory(system: str, w: Workload, hw: HardwareProfile, opts: Options | None = None) -> bool:
+    """``predict(...).fits`` without the simulation: the same memory estimate against the same limits."""
+    opts = opts or Options()
+    spec = system_spec(system, opts, w.shape.total_params(), world=w.chips)
+    return _memory_fits(estimate_memory(w, hw, spec, opts), hw)
+
+
 def _summarise(system: str, w: Workload, hw: HardwareProfile, opts: Options, spec: SystemSpec,
                b: _Builder, sched: Schedule, hbm_budget: float | None) -> Prediction:
     sh = w.shape
@@ -766,12 +812,7 @@ def _summarise(system: str, w: Workload, hw: HardwareProfile, opts: Options, spe
     model_flops = step_model_flops(sh, w.seq, tokens)  # attention over the global sequence
     hw_flops = step_hardware_flops(sh, w.seq, w.batch, spec.grad_accum, w.activation_checkpointing, w.sp)
     mem = estimate_memory(w, hw, spec, opts)
-    budget = hw.device_hbm_bytes if hbm_budget is None else hbm_budget
-    host_cap = hw.host_memory_bytes
-    if hw.device_is_host:
-        fits = mem.device_total + mem.host_total <= host_cap
-    else:
-        fits = mem.device_total <= budget and mem.host_total <= host_cap
+    fits = _memory_fits(mem, hw, hbm_budget)
     stages = {k: v for k, v in sched.kind_time(it).items() if v > 0}
     notes = list(spec.notes)
     if b.host_shares_compute:

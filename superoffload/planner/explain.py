@@ -72,6 +72,9 @@ def format_plan(plan: Plan, shape: ModelShape) -> str:
         f"  host_optimizer       {plan.host_optimizer}",
         f"  rollback_mode        {plan.rollback_mode}",
         f"  speculation          {str(plan.speculation).lower()}",
+        f"  upload_slots         {getattr(plan, 'upload_slots', 0)} ("
+        + ("an upload buffer per host bucket)" if not getattr(plan, "upload_slots", 0) else
+           "a ring of pinned slots: the first buckets in forward order speculate, the others step at publish)"),
     ]
     if sp > 1 or plan.offload_checkpoints or plan.loss_tile is not None:
         lines += [
@@ -98,7 +101,7 @@ def format_plan(plan: Plan, shape: ModelShape) -> str:
         ]
         stages = sorted(p.stage_s.items(), key=lambda kv: -kv[1])
         lines += [f"    {k:<18} {v * 1e3:9.1f} ms" for k, v in stages]
-        lines += [""] + format_memory(p.memory, plan.hbm_budget_bytes, chips > 1)
+        lines += [""] + format_memory(p.memory, plan.hbm_budget_bytes, chips > 1, p.params / chips)
     lines += format_alternatives(getattr(plan, "alternatives", {}))
     lines += ["", "Why:"] + [f"  - {r}" for r in plan.reasons]
     return "\n".join(lines)
@@ -132,8 +135,10 @@ def format_alternatives(alternatives: dict) -> list[str]:
     return lines
 
 
-def format_memory(memory: dict, budget: float | None = None, per_rank: bool = False) -> list[str]:
-    """A prediction's memory (``Prediction.memory``) by category, device and host, in GB."""
+def format_memory(memory: dict, budget: float | None = None, per_rank: bool = False,
+                  params: float | None = None) -> list[str]:
+    """A prediction's memory (``Prediction.memory``) by category, device and host, in GB; with ``params``
+    (this rank's share of the model) host categories also in bytes per parameter."""
     if not memory or "device" not in memory:
         return []
     pinned = set(memory.get("pinned_keys", ()))
@@ -144,8 +149,12 @@ def format_memory(memory: dict, budget: float | None = None, per_rank: bool = Fa
     lines = [f"Memory by category{' (per rank)' if per_rank else ''}:",
              f"  device                   {dev_total / GB:9.2f} GB{of}"]
     lines += [f"    {k:<22} {v / GB:9.2f} GB" for k, v in device.items()]
-    lines += [f"  host                     {host_total / GB:9.2f} GB ({pinned_total / GB:.2f} GB pinned)"]
-    lines += [f"    {k:<22} {v / GB:9.2f} GB{' pinned' if k in pinned else ''}" for k, v in host.items()]
+    def per(v: float) -> str:
+        return f" {v / params:6.2f} B/param" if params else ""
+
+    lines += [f"  host                     {host_total / GB:9.2f} GB{per(host_total)} "
+              f"({pinned_total / GB:.2f} GB pinned)"]
+    lines += [f"    {k:<22} {v / GB:9.2f} GB{per(v)}{' pinned' if k in pinned else ''}" for k, v in host.items()]
     return lines
 
 

@@ -204,6 +204,7 @@ class EngineMemoryInput:
     amsgrad: bool = False
     grad_accum: int = 1
     staging_buffers: int = 2
+    upload_slots: int = 0
     world: int = 1
     device_is_host: bool = False
     # the model side of a long-sequence run (superoffload/sequence): Ulysses degree, checkpoints in host
@@ -238,9 +239,10 @@ def engine_memory(shape: ModelShape, seq: int, batch: int, checkpointing: bool, 
     slot of param_cast "device"), `grads` (with accumulation, autograd's gradients held between
     micro-batches), `activations` and `backward_transients` (the model's, in the training precision:
     `activation_memory`);
-    host: pinned `landing`, `upload`, `norms`, `flow_stores`, `activation_checkpoints` (the model's
-    offloaded checkpoints, ``offload_checkpoints``); pageable `master_m_v` and `spare` (full_copy). On a
-    device that is the host nothing is pinned and landing/upload are pageable. ``seq`` is the global
+    host: pinned `landing`, `upload` (one buffer per host bucket's shard, or with ``upload_slots`` = k a
+    ring of k slots of the largest host shard), `norms`, `flow_stores`, `activation_checkpoints` (the
+    model's offloaded checkpoints, ``offload_checkpoints``); pageable `master_m_v` and `spare`
+    (full_copy). On a device that is the host nothing is pinned and landing/upload are pageable. ``seq`` is the global
     sequence length; with ``m.sp`` > 1 the model's terms are one rank's share."""
     p = PRECISION_BYTES[m.precision]
     lowp = m.precision != "fp32"
@@ -279,13 +281,16 @@ def engine_memory(shape: ModelShape, seq: int, batch: int, checkpointing: bool, 
         n = b.padded // world
         landing_n = b.padded if (m.device_is_host and world == 1) else n
         host["landing"] = host.get("landing", 0) + _aligned(landing_n * gbytes)
-        host["upload"] = host.get("upload", 0) + _aligned(n * ubytes)
+        if not m.upload_slots:
+            host["upload"] = host.get("upload", 0) + _aligned(n * ubytes)
         host["norms"] = host.get("norms", 0) + _aligned(NORM_BYTES)
         if b.flow_block is not None:
             host["flow_stores"] = host.get("flow_stores", 0) + _aligned(n * p)
         host["master_m_v"] = host.get("master_m_v", 0) + state // FP32 * _aligned(n * FP32)
         if m.rollback_mode == "full_copy":
             host["spare"] = host.get("spare", 0) + state // FP32 * _aligned(n * FP32)
+    if m.upload_slots and host_b:
+        host["upload"] = m.upload_slots * _aligned(max(b.padded // world for b in host_b) * ubytes)
     if m.offload_checkpoints and checkpointing:
         host["activation_checkpoints"] = checkpoint_host_bytes(shape, seq, batch, p, m.sp)
     est.pinned_keys = set() if m.device_is_host else set(PINNED_KEYS) | ({"activation_checkpoints"} & set(host))

@@ -14,7 +14,7 @@ import json
 from dataclasses import replace
 from typing import Any
 
-from superoffload.planner.costmodel import Prediction, Workload, predict
+from superoffload.planner.costmodel import Prediction, Workload, fits_memory, predict
 from superoffload.planner.flops import megatron_flops
 from superoffload.planner.hardware import HardwareProfile
 from superoffload.planner.plan import PlanInfeasible, check_feasible, make_plan, positions_for
@@ -104,24 +104,52 @@ def fig11(hw: HardwareProfile, chips: int) -> dict[str, dict[str, Prediction | N
 def largest_model(system: str, hw: HardwareProfile, chips: int = 1) -> tuple[str | None, int]:
     """Largest artifact GPT model that fits ``chips`` chips at the Fig 13 settings (label, params)."""
     best: tuple[str | None, int] = (None, 0)
-    per_node = FIG13_LAYOUT.get(chips) if chips > 1 else None
     for name, shape in MODELS.items():
         if not name.startswith("gpt-") or name in ("gpt-tiny", "gpt-small"):
             continue
         if _label_b(name) <= _label_b(best[0]):
             continue
-        if system == "superoffload":
-            try:
-                check_feasible(shape, FIG13_SEQ, FIG13_BATCH, hw, chips=chips, ranks_per_node=per_node)
-                ok = True
-            except PlanInfeasible:
-                ok = False
-        else:
-            w = Workload(shape, FIG13_SEQ, FIG13_BATCH, True, chips=chips, ranks_per_node=per_node)
-            ok = predict(system, w, hw).fits
-        if ok:
+        if _fits_fig13(system, shape, hw, chips):
             best = (name, shape.total_params())
     return best
+
+
+def _fits_fig13(system: str, shape: ModelShape, hw: HardwareProfile, chips: int) -> bool:
+    """Whether ``system`` trains ``shape`` on ``chips`` chips at the Fig 13 settings (memory only)."""
+    per_node = FIG13_LAYOUT.get(chips) if chips > 1 else None
+    if system == "superoffload":
+        try:
+            check_feasible(shape, FIG13_SEQ, FIG13_BATCH, hw, chips=chips, ranks_per_node=per_node)
+            return True
+        except PlanInfeasible:
+            return False
+    w = Workload(shape, FIG13_SEQ, FIG13_BATCH, True, chips=chips, ranks_per_node=per_node)
+    return fits_memory(system, w, hw)
+
+
+LARGEST_MAX_GROWTH = 64  # layers: search up to 64x the largest fitting zoo model's depth
+
+
+def largest_params(system: str, hw: HardwareProfile, chips: int = 1) -> tuple[str | None, int]:
+    """Fig 13 between and beyond the zoo's sizes: the largest fitting zoo model (``largest_model``) grown
+    by whole blocks (same hidden size, heads and vocabulary) while it still fits, found by bisection on
+    the layer count. Systems that tie on the zoo's steps (or all fit its largest model) differ here.
+    Returns (description, params)."""
+    name, _ = largest_model(system, hw, chips)
+    if name is None:
+        return None, 0
+    base = MODELS[name]
+
+    def fits(layers: int) -> bool:
+        return _fits_fig13(system, replace(base, layers=layers), hw, chips)
+
+    lo, hi = base.layers, base.layers * 2
+    while hi <= base.layers * LARGEST_MAX_GROWTH and fits(hi):
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return f"{name} grown to {lo} layers", replace(base, layers=lo).total_params()
 
 
 def _label_b(name: str | None) -> float:
@@ -190,6 +218,7 @@ def paper_comparison(hardware: str | HardwareProfile = "gh200") -> list[dict[str
         name, params = largest_model(system, hw)
         rows.append(_row("fig13", f"1 chip {system}", "largest_model_B", _label_b(name) if name else None,
                          paper, status, f"{name} ({params / 1e9:.2f}B actual)" if name else "nothing fits"))
+        rows.append(_largest_params_row(system, hw, 1))
     rows += multi_chip_rows(hw)
     rows += fig12_rows(hw)
     # (c) cumulative ablation
@@ -246,12 +275,21 @@ def multi_chip_rows(hw: HardwareProfile) -> list[dict[str, Any]]:
                              "S", f"'up to {claim:.0%} over {peer}' [S]; {peer} without offload is not modelled",
                              chips=chips))
     for chips in CHIP_COUNTS[1:]:
-        for system in ("superoffload", "zero_offload", "zero_infinity", "torch"):
+        for system in ("superoffload", "zero_offload", "zero_infinity", "fsdp_offload", "ds_superoffload", "torch"):
             name, params = largest_model(system, hw, chips)
             rows.append(_row("fig13", f"{chips} chips {system}", "largest_model_B",
                              _label_b(name) if name else None, None, "missing",
                              f"{name} ({params / 1e9:.2f}B actual)" if name else "nothing fits", chips=chips))
+            rows.append(_largest_params_row(system, hw, chips))
     return rows
+
+
+def _largest_params_row(system: str, hw: HardwareProfile, chips: int) -> dict[str, Any]:
+    what, params = largest_params(system, hw, chips)
+    label = f"{chips} chip{'s' if chips > 1 else ''} {system}"
+    return _row("fig13", label, "largest_params_B", round(params / 1e9, 1) if what else None, None, "missing",
+                f"{what}: the largest zoo model that fits, grown by whole blocks while it fits" if what
+                else "nothing fits", chips=chips)
 
 
 _FIG12_CACHE: dict[str, dict[int, dict[int, dict[str, Prediction | None]]]] = {}

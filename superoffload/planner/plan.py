@@ -49,6 +49,10 @@ FULL_COPY_MIN_GAIN = 0.01  # full_copy costs 12 B/param of host memory: take it 
 BUCKET_FACTORS = (0.5, 2, 4, 8)
 BUCKET_MIN_GAIN = 0.01  # move off the link rule's bucket only for a >= 1 % faster predicted step
 MIN_LOSS_TILE = 1024  # tokens: tiled_token_losses' own default tile; smaller tiles make thin GEMMs
+# upload ring depths (engine config upload_slots) the cost model prices when host memory needs the ring
+# instead of an upload buffer per bucket; the first is assumed until the bucket and tail are chosen
+UPLOAD_SLOTS = (4, 2, 8, 16)
+UPLOAD_SLOTS_MIN_GAIN = 0.01  # a deeper ring (more pinned slots) only for a >= 1 % faster predicted step
 
 
 class PlanInfeasible(ValueError):
@@ -63,7 +67,7 @@ class PlanInfeasible(ValueError):
 
 # The plan's fields that are engine config keys (all in superoffload.options.SHARED_KEYS)
 ENGINE_KEYS = ("bucket_size", "device_tail_buckets", "speculation", "rollback_mode", "grad_cast", "param_cast",
-               "host_optimizer", "flow_layers", "flow_prefetch", "grad_accum")
+               "host_optimizer", "flow_layers", "flow_prefetch", "grad_accum", "upload_slots")
 CAST_KEYS = ("grad_cast", "param_cast")
 
 
@@ -98,6 +102,7 @@ class Plan:
     # per choice (an ENGINE_KEYS name, "cast" for grad_cast + param_cast): what was chosen and its predicted
     # step, the runner-up and its predicted step (None where memory left no other), and why (``_alternative``)
     alternatives: dict[str, dict[str, Any]] = field(default_factory=dict)
+    upload_slots: int = 0  # 0: an upload buffer per host bucket; k: a ring of k pinned slots
 
     def engine_options(self, precision: str = "bf16") -> dict[str, Any]:
         """The plan as engine config keys and values, to merge over the engine's defaults. With fp32
@@ -247,7 +252,8 @@ def make_plan(shape: ModelShape, seq: int, batch: int, hardware: HardwareProfile
     if precision not in PRECISION_BYTES:
         raise ValueError(f"precision must be one of {', '.join(PRECISION_BYTES)}, got {precision!r}")
     opts = Options(bucket_size=bucket, host_optimizer=kind, grad_accum=grad_accum, precision=precision)
-    rollback = _choose_rollback_mode(w, hw, opts, reasons)
+    fit = _fit_host_memory(w, hw, opts, reasons)
+    rollback = "deferred"
     opts = replace(opts, rollback_mode=rollback)
 
     # 3. long-sequence pieces, then flow layers, if HBM forces them
@@ -261,9 +267,9 @@ def make_plan(shape: ModelShape, seq: int, batch: int, hardware: HardwareProfile
     alts: dict[str, dict[str, Any]] = {}
     _flow_alternative(w, hw, opts, budget, flow, alts)
 
-    # 4. casting, by the cost model
-    cast = _choose_cast(w, hw, opts, reasons, alts)
-    opts = replace(opts, grad_cast=cast, param_cast=cast)
+    # 4. casting, by the cost model, among the sides host memory allows (each with its upload ring, if any)
+    cast, slots = _choose_cast(w, hw, opts, reasons, alts, fit)
+    opts = replace(opts, grad_cast=cast, param_cast=cast, upload_slots=slots)
 
     # 5. device tail buckets: minimise the step under the HBM budget
     tail, pred = _choose_tail(w, hw, opts, budget, reasons, alts)
@@ -273,10 +279,12 @@ def make_plan(shape: ModelShape, seq: int, batch: int, hardware: HardwareProfile
     # its own best tail), by the predicted step; with several ranks each bucket is a collective
     bucket, tail, pred = _refine_bucket(w, hw, opts, budget, pred, reasons, alts)
     opts = replace(opts, bucket_size=bucket, device_tail_buckets=tail)
+    slots, pred = _choose_upload_slots(w, hw, opts, pred, reasons, alts)
+    opts = replace(opts, upload_slots=slots)
 
     # 7. speculation: it uses a host that would otherwise wait for backward; when the device *is* the
     # host there is no idle processor, and the speculative pass plus the deferred commit cost cores
-    # that backward needs (docs/cost_model.md, planner step 8, has the measurement). Both give the same bits.
+    # that backward needs (docs/cost_model.md, planner step 9, has the measurement). Both give the same bits.
     speculation = not hw.device_is_host
     if not speculation:
         reasons.append("Speculation: off: the device is the host, so there is no idle host to overlap "
@@ -290,13 +298,31 @@ def make_plan(shape: ModelShape, seq: int, batch: int, hardware: HardwareProfile
                                            "speculative pass takes from backward, so it is not asked")
     else:
         rollback, pred = _prefer_full_copy(w, hw, replace(opts, rollback_mode=rollback), pred, reasons, alts)
-        off = predict("superoffload", w, hw, replace(opts, rollback_mode=rollback, speculation=False))
-        alts["speculation"] = _alternative(True, pred, False, off, "an idle host overlaps backward")
+        on = pred
+        off = predict("superoffload", w, hw, replace(opts, rollback_mode="deferred", speculation=False))
+        # speculation overlaps the host step with backward, but a deferred commit is a second host pass
+        # (and an upload ring leaves most buckets nothing to speculate): where the host binds, validating
+        # first can be faster. Both give the same bits; the predicted step decides (a tie speculates)
+        speculation = on.step_time_s <= off.step_time_s
+        if speculation:
+            alts["speculation"] = _alternative(True, on, False, off, "an idle host overlaps backward")
+        else:
+            pred = off
+            if rollback != "deferred":  # validate-first rolls nothing back: full_copy's 12 B/param buy nothing
+                rollback = "deferred"
+                alts["rollback_mode"] = _alternative("deferred", off, why="speculation is off: nothing to roll back")
+                reasons[:] = [r for r in reasons if not r.startswith("Rollback mode: 'full_copy' instead")]
+            alts["speculation"] = _alternative(False, off, True, on, "the host binds: the speculative pass and "
+                                               "the deferred commit cost more host time than the overlap saves")
+            reasons.append(f"Speculation: off: the host binds (predicted step {off.step_time_s * 1e3:.1f} ms "
+                           f"validating first vs {on.step_time_s * 1e3:.1f} ms speculating, same bits). To see it "
+                           "work anyway: `-o speculation=true` (bench run), `speculation: true` (engine config).")
     _price_alternatives(w, hw, replace(opts, rollback_mode=rollback, speculation=speculation), pred, alts)
     return Plan(model=shape.name, seq=seq, batch=batch, hardware=hw.name,
                 activation_checkpointing=activation_checkpointing, bucket_size=bucket,
                 device_tail_buckets=tail, grad_cast=cast, param_cast=cast, flow_layers=list(flow),
                 host_optimizer=kind, rollback_mode=rollback, speculation=speculation, hbm_budget_bytes=budget,
+                upload_slots=slots,
                 grad_accum=grad_accum, flow_prefetch=opts.flow_prefetch, predicted=pred, reasons=reasons,
                 chips=chips, ranks_per_node=ranks_per_node, sp=w.sp, offload_checkpoints=w.offload_checkpoints,
                 loss_tile=w.loss_tile, precision=precision, alternatives=alts)
@@ -436,15 +462,24 @@ def _staging_cap(budget: float) -> int:
 
 
 def _choose_cast(w: Workload, hw: HardwareProfile, opts: Options, reasons: list[str],
-                 alts: dict[str, dict[str, Any]]) -> str:
+                 alts: dict[str, dict[str, Any]], fit: Mapping[str, int]) -> tuple[str, int]:
     """Where bf16 <-> fp32 casts run, the same side for gradients and parameters: both are simulated and
-    the faster wins (a tie goes to the device)."""
+    the faster wins (a tie goes to the device), among the sides host memory allows (``fit``: side ->
+    the upload ring it needs, ``_fit_host_memory``). Returns (side, upload_slots)."""
     if opts.precision == "fp32":
         reasons.append("Casting: none: fp32 weights and gradients move as they are (grad_cast / param_cast "
                        "keep the engine's defaults).")
         alts["cast"] = _alternative("device", None, why="fp32: nothing is cast")
-        return "device"
-    preds = {c: predict("superoffload", w, hw, replace(opts, grad_cast=c, param_cast=c)) for c in ("device", "host")}
+        return "device", fit["device"]
+    if len(fit) == 1:
+        (cast, slots), = fit.items()
+        alts["cast"] = _alternative(cast, predict("superoffload", w, hw, replace(
+            opts, grad_cast=cast, param_cast=cast, upload_slots=slots)), why="host memory binds: the other side "
+            "does not fit (fp32 gradients land in 4 B/param where bf16 need 2)")
+        reasons.append(f"Casting: {cast}: host memory binds; with casts on the other side it does not fit.")
+        return cast, slots
+    preds = {c: predict("superoffload", w, hw, replace(opts, grad_cast=c, param_cast=c, upload_slots=fit[c]))
+             for c in ("device", "host")}
     cast = min(preds, key=lambda c: (preds[c].step_time_s, c != "device"))
     other = "host" if cast == "device" else "device"
     alts["cast"] = _alternative(cast, preds[cast], other, preds[other],
@@ -463,7 +498,7 @@ def _choose_cast(w: Workload, hw: HardwareProfile, opts: Options, reasons: list[
            f"network) with device casts, {opts.precision} (2 B/param, summed in {opts.precision} as "
            "DeepSpeed's default communication_data_type does) with host casts."
            if w.chips > 1 and opts.precision != "fp32" else ""))
-    return cast
+    return cast, fit[cast]
 
 
 def check_feasible(shape: ModelShape, seq: int, batch: int, hardware: HardwareProfile,
@@ -482,7 +517,9 @@ def check_feasible(shape: ModelShape, seq: int, batch: int, hardware: HardwarePr
     bucket = min(max(1, saturating_bucket_bytes(hw) // 4) * chips, max(1, shape.total_params() // MIN_BUCKETS))
     opts = Options(bucket_size=bucket, host_optimizer=best_host_optimizer(hw), grad_accum=grad_accum)
     reasons: list[str] = []
-    opts = replace(opts, rollback_mode=_choose_rollback_mode(w, hw, opts, reasons))
+    fit = _fit_host_memory(w, hw, opts, reasons)
+    cast = "device" if "device" in fit else "host"
+    opts = replace(opts, grad_cast=cast, param_cast=cast, upload_slots=fit[cast])
     w = _choose_long_sequence(w, hw, opts, budget, reasons, sp is None, offload_checkpoints is None,
                               loss_tile is None)
     _choose_flow(w, hw, opts, budget, reasons)
@@ -503,24 +540,96 @@ def _host_capacity(w: Workload, hw: HardwareProfile, opts: Options) -> float:
     return hw.host_memory_bytes - (_device_need(w, hw, opts) if hw.device_is_host else 0.0)
 
 
-def _choose_rollback_mode(w: Workload, hw: HardwareProfile, opts: Options, reasons: list[str]) -> str:
-    cap = _host_capacity(w, hw, opts)
-    # deferred commit first: no extra memory. full_copy (12 B/param) is considered after the tail is
-    # chosen (_prefer_full_copy), by the cost model, when speculation is on
-    for mode in ("deferred",):
-        need = _host_need(w, hw, replace(opts, rollback_mode=mode))
-        if need <= cap:
-            reasons.append(
-                f"Rollback mode: '{mode}' ({ROLLBACK_EXTRA_HOST_BYTES[mode]} B/param extra host memory; the commit "
-                f"pass runs during the next forward); host needs {_gb(need)} of {_gb(cap)}.")
-            return mode
-    need = _host_need(w, hw, replace(opts, rollback_mode="deferred"))
-    per_param = need / max(1, w.shape.total_params())
-    raise PlanInfeasible(
-        f"{w.shape.name}: host memory needs {need:.3e} bytes ({_gb(need)}, ~{per_param:.1f} B/param for fp32 "
-        f"master, Adam m and v and gradients) but {hw.name} has {cap:.3e} bytes ({_gb(cap)}) usable. "
-        f"It would fit with a model of at most ~{units.count(cap / per_param)} params or more host memory.",
-        "host", need, cap)
+def _fit_host_memory(w: Workload, hw: HardwareProfile, opts: Options, reasons: list[str]) -> dict[str, int]:
+    """Host memory, with the deferred rollback (0 B/param extra; full_copy, 12 B/param more, is priced
+    after the tail is chosen: ``_prefer_full_copy``). Per cast side, the upload ring it needs: 0 where an
+    upload buffer per bucket fits, else ``UPLOAD_SLOTS[0]`` slots where that fits; a side that does not
+    fit even then is left out (with bf16, host casts land gradients in 2 B/param where device casts land
+    fp32 in 4). Raises PlanInfeasible, with the leanest configuration's bytes by category, when no side fits."""
+    opts = replace(opts, rollback_mode="deferred")
+    sides = ("device",) if opts.precision == "fp32" else ("device", "host")
+    fit: dict[str, int] = {}
+    leanest = None
+    for side in sides:
+        for slots in (0, UPLOAD_SLOTS[0]):
+            o = replace(opts, grad_cast=side, param_cast=side, upload_slots=slots)
+            need, cap = _host_need(w, hw, o), _host_capacity(w, hw, o)
+            if leanest is None or need < leanest[0]:
+                leanest = (need, cap, o)
+            if need <= cap:
+                fit[side] = slots
+                break
+    need, cap, lean = leanest
+    if not fit:
+        n = max(1, w.shape.total_params())
+        per_param = need / n
+        spec = system_spec("superoffload", lean, n, world=w.chips)
+        by_cat = ", ".join(f"{k} {v / n:.1f}" for k, v in estimate_memory(w, hw, spec, lean).host.items() if v)
+        raise PlanInfeasible(
+            f"{w.shape.name}: host memory needs {need:.3e} bytes ({_gb(need)}, ~{per_param:.1f} B/param: {by_cat}; "
+            f"with casts on the {lean.grad_cast} and a {lean.upload_slots}-slot upload ring, the leanest "
+            f"configuration) but {hw.name} has {cap:.3e} bytes ({_gb(cap)}) usable. It would fit with a model "
+            f"of at most ~{units.count(cap / per_param)} params, more chips or more host memory.",
+            "host", need, cap)
+    first = sides[0]
+    if fit.get(first) == 0:
+        reasons.append(f"Rollback mode: 'deferred' ({ROLLBACK_EXTRA_HOST_BYTES['deferred']} B/param extra host "
+                       f"memory; the commit pass runs during the next forward); host needs "
+                       f"{_gb(_host_need(w, hw, opts))} of {_gb(_host_capacity(w, hw, opts))}.")
+    else:
+        reasons.append(host_binding_reason(w, hw, opts, fit))
+    return fit
+
+
+def host_binding_reason(w: Workload, hw: HardwareProfile, opts: Options, fit: Mapping[str, int]) -> str:
+    """What binds host memory, per category in B/param: the upload buffers of the default configuration
+    against what fits."""
+    n = max(1, w.shape.total_params())
+    base = replace(opts, grad_cast="device", param_cast="device", upload_slots=0, rollback_mode="deferred")
+    spec = system_spec("superoffload", base, n, world=w.chips)
+    est = estimate_memory(w, hw, spec, base)
+    cap = _host_capacity(w, hw, base)
+    cats = ", ".join(f"{k} {v / n:.2f}" for k, v in est.host.items() if v)
+    ways = "; ".join(f"casts on the {side} with " + (f"a {k}-slot upload ring" if k else "upload buffers")
+                     + f" ({_gb(_host_need(w, hw, replace(base, grad_cast=side, param_cast=side, upload_slots=k)))})"
+                     for side, k in fit.items())
+    return (f"Host memory binds: rollback 'deferred' with device casts and an upload buffer per bucket needs "
+            f"{_gb(est.host_total)} of {_gb(cap)} ({est.host_total / n:.2f} B/param: {cats}); what fits: {ways}.")
+
+
+def _choose_upload_slots(w: Workload, hw: HardwareProfile, opts: Options, pred: Prediction,
+                         reasons: list[str], alts: dict[str, dict[str, Any]]) -> tuple[int, Prediction]:
+    """The upload ring's depth, by the cost model, where host memory needed the ring: an upload buffer per
+    bucket again if it now fits (the device tail holds some state), else the shallowest ring within
+    ``UPLOAD_SLOTS_MIN_GAIN`` of the fastest. The ring costs host time at publish: buckets without a
+    slot step after validation instead of during backward."""
+    if not opts.upload_slots:
+        alts["upload_slots"] = _alternative(0, pred, why="an upload buffer per host bucket fits host memory")
+        return 0, pred
+    cache = {opts.upload_slots: pred}
+    buffers_fit = _host_need(w, hw, replace(opts, upload_slots=0)) <= _host_capacity(w, hw, opts)
+    for k in ((0,) if buffers_fit else ()) + UPLOAD_SLOTS:
+        if k not in cache:
+            cache[k] = predict("superoffload", w, hw, replace(opts, upload_slots=k))
+    fastest = min(p.step_time_s for p in cache.values())
+    best = min(cache, key=lambda k: (cache[k].step_time_s > fastest * (1 + UPLOAD_SLOTS_MIN_GAIN),
+                                     k != 0, k))
+    others = [k for k in cache if k != best]
+    runner = min(others, key=lambda k: (cache[k].step_time_s, k))
+    alts["upload_slots"] = _alternative(best, cache[best], runner, cache[runner],
+                                        "host memory needs the ring" if not buffers_fit else
+                                        "the fastest predicted step (upload buffers fit with this tail)")
+    if best:
+        need = _host_need(w, hw, replace(opts, upload_slots=best))
+        reasons.append(
+            f"Upload ring: {best} pinned slots of the largest host shard instead of an upload buffer per bucket "
+            f"(host needs {_gb(need)} of {_gb(_host_capacity(w, hw, opts))}): the first {best} buckets in forward "
+            f"order speculate into their slot, the others step at publish; predicted step "
+            f"{cache[best].step_time_s * 1e3:.1f} ms"
+            + ("" if buffers_fit else " (upload buffers do not fit)")
+            + "; depths priced: " + ", ".join(f"{k} {p.step_time_s * 1e3:.1f} ms" for k, p in sorted(cache.items()))
+            + ".")
+    return best, cache[best]
 
 
 def _prefer_full_copy(w: Workload, hw: HardwareProfile, opts: Options, pred: Prediction,

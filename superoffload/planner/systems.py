@@ -66,6 +66,9 @@ class Options:
     precision: Precision = "bf16"
     grad_clip: float = 1.0  # global-norm clipping threshold, 0 = off (DeepSpeed super_offload then speculates)
     # peers
+    # 0: an upload buffer per host bucket (model-sized pinned memory); k: a ring of k slots, the first k
+    # buckets in forward order speculate into theirs, the others step at publish (engine config upload_slots)
+    upload_slots: int = 0
     ds_ratio: float = ARTIFACT_PRISM_RATIO
     ds_bucket_size: int = ARTIFACT_PRISM_BUCKET
     zero_bucket_size: int = DEEPSPEED_REDUCE_BUCKET
@@ -97,6 +100,8 @@ class Options:
             raise ValueError("flow_prefetch must be >= 0 (blocks fetched ahead; 0 = on demand)")
         if self.grad_clip < 0:
             raise ValueError("grad_clip must be >= 0 (0 = off)")
+        if self.upload_slots < 0:
+            raise ValueError("upload_slots must be >= 0 (0: an upload buffer per host bucket)")
 
 
 @dataclass
@@ -124,6 +129,7 @@ class SystemSpec:
     # weights during backward instead (docs/cost_model.md, "Keeping speculation apart")
     return_waits_validation: bool = True
     forward_waits_all: bool = False  # next forward waits for the whole step (vs per layer)
+    upload_slots: int = 0  # SuperOffload's upload ring (0: an upload buffer per host bucket)
     flow_layers: frozenset[int] = field(default_factory=frozenset)
     fetch_bytes: int = 2  # H2D bytes/param of a streamed layer
     fetch_device_cast: bool = False
@@ -245,7 +251,7 @@ def _system_spec(system: str, opts: Options, total_params: int) -> SystemSpec:
             return_bytes=4 if param_device_cast else 2, return_device_cast=param_device_cast,
             return_host_cast=not param_device_cast and not fused_return_cast,
             flow_layers=frozenset(opts.flow_layers), flow_prefetch=opts.flow_prefetch,
-            grad_accum=opts.grad_accum)
+            grad_accum=opts.grad_accum, upload_slots=opts.upload_slots)
     if system == "ds_superoffload":
         # ZeRO-3 sub-groups; the first (1 - ratio) share in flat order (= last in backward) stays on the
         # GPU. Since DeepSpeed PR #7906 the CPU step overlaps backward only without clipping. Grads are
