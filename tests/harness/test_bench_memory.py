@@ -113,3 +113,22 @@ def test_long_sequence_terms_match_the_ledger(seq):
 def test_bench_memory_refuses_offload_without_checkpointing():
     with pytest.raises(ValueError, match="needs checkpointing"):
         measure("gpt-tiny", 16, 2, device="sim", offload_checkpoints=True)
+
+
+@pytest.mark.parametrize("model", ["gpt-small", "llama-tiny"])
+def test_host_bytes_per_param_at_the_floor_of_exact_speculation(model):
+    """bf16 with speculation and clipping on, gradients landing in bf16 (`grad_cast: host`) and an upload
+    ring of two slots instead of an upload buffer per bucket: the host holds the fp32 master and moments
+    (12 B/param) and the step's bf16 gradients (2 B/param), plus the ring, whose share is the largest
+    whole tensor's (a bucket never splits a tensor); measured as the planner plans it. Per-bucket upload
+    buffers cost 2 B/param more."""
+    opts = {"plan": False, "bucket_size": 1 << 18, "speculation": True, "grad_clip": 1.0,
+            "grad_cast": "host", "param_cast": "host"}
+    ring = measure(model, 128, 1, device="sim", dtype="bf16", options={**opts, "upload_slots": 2})
+    buffers = measure(model, 128, 1, device="sim", dtype="bf16", options={**opts, "upload_slots": 0})
+    jsonschema.validate(ring, schema("memory_bench"))
+    b = ring["host_bytes_per_param"]
+    assert abs(b["planned"] / b["measured"] - 1) <= 0.02
+    assert b["upload_ring"] > 0 and b["measured"] - b["upload_ring"] <= 14.0 + 0.01  # + norms and alignment
+    assert buffers["host_bytes_per_param"]["upload_ring"] == 0
+    assert buffers["host_bytes_per_param"]["measured"] - (b["measured"] - b["upload_ring"]) >= 2.0 - 0.01

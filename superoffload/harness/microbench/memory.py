@@ -7,7 +7,9 @@ warm-up, and reports:
   model's ops; on CUDA the allocator's peak) and planned (`planner.memory.engine_memory` for the same
   engine config), with both broken down by category;
 - pinned host bytes, measured (allocated, after any rounding) and needed (what the transfer buffers
-  need), and pageable host bytes, with the planner's numbers beside them.
+  need), and pageable host bytes, with the planner's numbers beside them;
+- host bytes per trained parameter (pinned + pageable, measured and planned) and the upload ring's share
+  of them (config `upload_slots`; 0 without a ring): the number the largest model per host rests on.
 
 Long sequences (superoffload/sequence), single process: `offload_checkpoints` builds the model with its
 checkpoints in host memory (`activation_checkpointing="offload"`), `loss_tile` swaps in the tiled loss
@@ -46,7 +48,8 @@ def _planned(shape: Any, seq: int, batch: int, checkpointing: bool, cfg: Any, wo
         precision=cfg.precision, bucket_size=cfg.bucket_size, device_tail_buckets=cfg.device_tail_buckets,
         flow_layers=tuple(cfg.flow_layers), flow_prefetch=cfg.flow_prefetch, grad_cast=cfg.grad_cast,
         param_cast=cfg.param_cast, rollback_mode=cfg.rollback_mode, amsgrad=cfg.optimizer.amsgrad,
-        grad_accum=cfg.grad_accum, staging_buffers=cfg.staging_buffers, world=world, device_is_host=device_is_host,
+        grad_accum=cfg.grad_accum, staging_buffers=cfg.staging_buffers, upload_slots=cfg.upload_slots, world=world,
+        device_is_host=device_is_host,
         offload_checkpoints=offload_checkpoints, loss_tile=loss_tile)
     return engine_memory(shape, seq, batch, checkpointing, inp)
 
@@ -95,6 +98,8 @@ def measure(model: str, seq: int, batch: int, *, device: str = "sim", dtype: str
         rep = dev.memory_report()
         world = engine.comm.world
         ckpt_host = net.activation_offloader.stats().peak_host_bytes if offload_checkpoints else 0
+        params = sum(s.numel for s in engine.slots)
+        ring = engine.upload_ring.arena.nbytes if engine.upload_ring is not None else 0
     finally:
         engine.close()
     est = _planned(shape, seq, batch, checkpointing, cfg, world, dev.shares_host_memory, offload_checkpoints,
@@ -102,6 +107,7 @@ def measure(model: str, seq: int, batch: int, *, device: str = "sim", dtype: str
     planned_pinned = est.pinned_total
     planned_pageable = sum(v for k, v in est.host.items() if k not in est.pinned_keys)
     host_measured = {k: int(v) for k, v in rep["host_by_category"].items()}
+    host_total = int(rep["host_needed_bytes"]["pinned"]) + int(rep["host_needed_bytes"]["pageable"])
     pinned_ckpt = 0
     if offload_checkpoints:  # the offloader's own count (see the module doc): pinned on CUDA
         host_measured["activation_checkpoints"] = int(ckpt_host)
@@ -118,6 +124,10 @@ def measure(model: str, seq: int, batch: int, *, device: str = "sim", dtype: str
         "pageable_host_bytes": {"measured": int(rep["host_needed_bytes"]["pageable"])
                                 + (int(ckpt_host) if offload_checkpoints and dev.shares_host_memory else 0),
                                 "planned": int(planned_pageable)},
+        "params": int(params),
+        "host_bytes_per_param": {"measured": host_total / max(1, params),
+                                 "planned": (planned_pinned + planned_pageable) / max(1, params),
+                                 "upload_ring": ring / max(1, params)},
         "device_by_category": {"measured": {k: int(v) for k, v in rep["device_at_peak"].items()},
                                "planned": {k: int(v) for k, v in est.device.items()}},
         "host_by_category": {"measured": host_measured,
@@ -146,6 +156,10 @@ def format_table(rec: dict[str, Any]) -> str:
     lines += [row("pinned host", p["measured"], p["planned"]),
               f"  needed by the buffers: {p['needed'] / mib:.2f} MiB (allocated {p['measured'] / mib:.2f})",
               row("pageable host", g["measured"], g["planned"])]
+    if "host_bytes_per_param" in rec:
+        b = rec["host_bytes_per_param"]
+        lines.append(f"host B/param (pinned + pageable, {rec['params'] / 1e6:.2f}M params): measured "
+                     f"{b['measured']:.2f}, planned {b['planned']:.2f}; the upload ring's share {b['upload_ring']:.2f}")
     return "\n".join(lines)
 
 
