@@ -223,3 +223,20 @@ def test_largest_model_between_the_zoo_sizes_is_ahead_of_every_baseline():
         name, layers = what.split(" grown to ")[0], int(what.split(" grown to ")[1].split()[0])
         assert _fits_fig13("superoffload", replace(MODELS[name], layers=layers), hw, chips)
         assert not _fits_fig13("superoffload", replace(MODELS[name], layers=layers + 1), hw, chips)
+
+
+def test_speculation_is_priced_and_off_only_where_validate_first_is_clearly_faster():
+    """gh200: at gpt-23b batch 1 the host binds and the deferred commit's second pass costs more than the
+    overlap saves, so the plan validates first (the reason says how to turn speculation on anyway); at
+    gpt-5b batch 8 speculation wins. Off means rollback 'deferred'."""
+    from superoffload.planner.plan import SPECULATION_MIN_GAIN
+
+    hw = get_profile("gh200")
+    off = make_plan(get_shape("gpt-23b"), 1024, 1, hw)
+    alt = off.alternatives["speculation"]
+    assert off.speculation is False and off.rollback_mode == "deferred"
+    assert alt["step_s"] < alt["runner_up_step_s"] * (1 - SPECULATION_MIN_GAIN)
+    assert any(r.startswith("Speculation: off: the host binds") and "speculation=true" in r for r in off.reasons)
+    on = make_plan(get_shape("gpt-5b"), 1024, 8, hw)
+    assert on.speculation is True
+    assert on.alternatives["speculation"]["runner_up_step_s"] >= on.predicted.step_time_s * (1 - SPECULATION_MIN_GAIN)
