@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from superoffload.harness.noise import LOAD_BOUND, OTHERS_BOUND, SPREAD_BOUND, flags_of
+
 
 def load_records(folder: str | Path) -> list[dict[str, Any]]:
     recs = []
@@ -62,6 +64,8 @@ def compare_rows(recs: list[dict[str, Any]], baseline: str) -> list[dict[str, An
             "hfu": tp.get("hfu"), "peak_device_gib": (mem.get("peak_device_bytes") or 0) / 2**30 or None,
             "peak_rss_gib": (mem.get("peak_host_rss_bytes") or 0) / 2**30 or None,
             "ratio": (tps / b) if (tps and b) else None,
+            "p90_over_p10": (r.get("noise") or {}).get("p90_over_p10"),
+            "flags": ",".join(flags_of(r)) or None,
         })
     return rows
 
@@ -70,19 +74,26 @@ def format_table(rows: list[dict[str, Any]], baseline: str) -> str:
     cols = [("system", "{}"), ("model", "{}"), ("seq", "{}"), ("batch", "{}"), ("dtype", "{}"), ("world", "{}"),
             ("sp", "{}"), ("status", "{}"), ("tokens_per_s", "{:.0f}"), ("aggregate_tokens_per_s", "{:.0f}"),
             ("tflops", "{:.3f}"), ("mfu", "{:.1%}"),
-            ("hfu", "{:.1%}"), ("peak_device_gib", "{:.2f}"), ("peak_rss_gib", "{:.2f}"), ("ratio", "{:.2f}x")]
+            ("hfu", "{:.1%}"), ("peak_device_gib", "{:.2f}"), ("peak_rss_gib", "{:.2f}"), ("ratio", "{:.2f}x"),
+            ("p90_over_p10", "{:.2f}"), ("flags", "{}")]
     head = [c if c != "ratio" else f"vs {baseline}" for c, _ in cols]
     body = [[("-" if r[c] is None else f.format(r[c])) for c, f in cols] for r in rows]
     widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(head)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths, strict=True))]
     lines += ["  ".join(v.ljust(w) for v, w in zip(b, widths, strict=True)) for b in body]
+    flagged = sum(1 for r in rows if r["flags"])
+    if flagged:
+        lines.append(f"{flagged} of {len(rows)} runs flagged (spread: p90/p10 > {SPREAD_BOUND}; loaded: load average "
+                     f"per CPU > {LOAD_BOUND} before the run; others: other processes used > {OTHERS_BOUND:.0%} of "
+                     "the CPUs): their ratios are not the code's alone; rerun them on a quiet machine")
     return "\n".join(lines)
 
 
 def add_cli(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("compare", help="print one table over the records in a folder",
                        description="Read every run record (*.json) under RESULTS_DIR and print tokens/s, "
-                                   "TFLOPS, MFU, HFU, peak memory and the ratio to --baseline.")
+                                   "TFLOPS, MFU, HFU, peak memory, the ratio to --baseline, the step spread "
+                                   "(p90/p10) and noise flags (superoffload.harness.noise).")
     p.add_argument("results_dir", metavar="RESULTS_DIR")
     p.add_argument("--baseline", default="torch", help="system the ratio column divides by (default torch)")
     p.add_argument("--json", action="store_true", help="print rows as JSON instead of a table")

@@ -36,6 +36,7 @@ from superoffload.device import DEVICE_KINDS, get_device
 from superoffload.harness import flops, peak, placement, provenance, record
 from superoffload.harness.data import SyntheticData, TokenFileData
 from superoffload.harness.models import build_model, count_params, get_shape
+from superoffload.harness.noise import NoiseSampler
 from superoffload.harness.stats import summarize
 from superoffload.harness.system import RunConfig
 from superoffload.harness.systems import SYSTEMS, check_system, create_system
@@ -218,6 +219,7 @@ def run_benchmark(run: RunConfig, progress: Callable[[int, int, float], None] | 
     }
     telemetry = Telemetry(run.telemetry_interval_s, want_gpu=device.is_cuda)
     system = None
+    sampler: NoiseSampler | None = None
     times: list[float] = []
     losses: list[float | None] = []
     nonfinite: list[bool] = []
@@ -237,6 +239,7 @@ def run_benchmark(run: RunConfig, progress: Callable[[int, int, float], None] | 
         del model
         device.reset_peak_memory()
         total = run.warmup + run.steps
+        sampler = NoiseSampler().start()
         telemetry.start()
         for i in range(total):
             batch = data.batch_at(i)
@@ -278,6 +281,8 @@ def run_benchmark(run: RunConfig, progress: Callable[[int, int, float], None] | 
         rec["rollbacks"] = rec["system_stats"].get("speculation")
         rec["plan"] = rec["system_stats"].get("plan")
     timed = times[run.warmup:]
+    if sampler is not None:  # the machine's load and the steps' spread, flagged where not quiet (noise.py)
+        rec["noise"] = sampler.assess(timed, ranks=int(os.environ.get("LOCAL_WORLD_SIZE", world)))
     tokens_per_rank = run.tokens_per_rank  # under --sp: seq / sp tokens of each sequence
     if rec["status"] == "ok" and timed:
         rec["timing"] = {"step_times_s": timed, "warmup_times_s": times[: run.warmup], **summarize(timed)}
