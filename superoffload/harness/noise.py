@@ -18,7 +18,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-SPREAD_BOUND = 1.5  # p90/p10 of a quiet run's steps stays below this on the CI-class machine (docs/results.md)
+# bounds are judgments, not fits: the same loop's steps varying by more than half, more runnable processes
+# than CPUs before the run, or a quarter of the machine used by others, is not the code's doing
+SPREAD_BOUND = 1.5  # p90/p10 of the timed steps
 LOAD_BOUND = 1.0  # runnable processes per usable CPU in the minute before the run
 OTHERS_BOUND = 0.25  # share of all CPUs other processes used during the run
 
