@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from superoffload.harness.noise import LOAD_BOUND, OTHERS_BOUND, SPREAD_BOUND, flags_of
+from superoffload.harness.noise import OTHERS_BOUND, SPREAD_BOUND, flags_of
 
 
 def load_records(folder: str | Path) -> list[dict[str, Any]]:
@@ -83,9 +83,9 @@ def format_table(rows: list[dict[str, Any]], baseline: str) -> str:
     lines += ["  ".join(v.ljust(w) for v, w in zip(b, widths, strict=True)) for b in body]
     flagged = sum(1 for r in rows if r["flags"])
     if flagged:
-        lines.append(f"{flagged} of {len(rows)} runs flagged (spread: p90/p10 > {SPREAD_BOUND}; loaded: load average "
-                     f"per CPU > {LOAD_BOUND} before the run; others: other processes used > {OTHERS_BOUND:.0%} of "
-                     "the CPUs): their ratios are not the code's alone; rerun them on a quiet machine")
+        lines.append(f"{flagged} of {len(rows)} runs flagged (spread: p90/p10 > {SPREAD_BOUND}; loaded: other "
+                     f"processes used > {OTHERS_BOUND:.0%} of the CPUs during the run): their ratios are not the "
+                     "code's alone; rerun them on a quiet machine")
     return "\n".join(lines)
 
 
