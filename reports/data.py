@@ -185,6 +185,8 @@ def record_row(rec: dict[str, Any]) -> dict[str, Any]:
         "energy_j_per_step": num(_get(tel, "gpu", "energy_j_per_step")),
         "gpu_util_pct": num(_get(tel, "gpu", "util_pct_mean")),
         "rollbacks": rec.get("rollbacks"),
+        # the run record's noise flags (superoffload/harness/noise.py): its numbers are not the code's alone
+        "noise_flags": ", ".join((rec.get("noise") or {}).get("flags") or []),
         "error": first_line(rec.get("error")) if rec.get("status") != "ok" else "",
         "path": rec.get("_path", ""),
     }

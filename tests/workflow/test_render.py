@@ -220,3 +220,15 @@ def test_cast_file_is_read_by_its_schema(synthetic, tmp_path):
     assert all(len(pts) == 2 for s in series.values() for pts in s.values())
     html = R.render_html(synthetic, tmp_path / "figs", tmp_path / "report.html").read_text()
     assert "<h4>grad_path</h4>" in html and "<h4>link</h4>" in html and "<h4>param_path</h4>" in html
+
+
+def test_a_noisy_run_is_flagged_in_the_report(synthetic, tmp_path):
+    path = synthetic / "runs/torch/gpt-tiny_s128_b2.json"
+    rec = json.loads(path.read_text())
+    rec["noise"] = {"loadavg_before": [3.0] * 3, "loadavg_after": [3.0] * 3, "usable_cpus": 2,
+                    "others_cpu_share": 0.6, "p90_over_p10": 3.1, "flags": ["spread", "loaded"]}
+    path.write_text(json.dumps(rec))
+    html = R.render_html(synthetic, tmp_path / "figs", tmp_path / "report.html").read_text()
+    assert "noisy run (spread, loaded)" in html and "runs are flagged noisy" in html
+    quiet = R.render_html(synthetic.parent / "nothing", tmp_path / "figs2", tmp_path / "r2.html").read_text()
+    assert "flagged noisy" not in quiet
