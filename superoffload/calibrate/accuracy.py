@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from superoffload.harness.noise import flags_of
 from superoffload.harness.record import write_json_atomic
 from superoffload.options import PRECISIONS
 from superoffload.planner.costmodel import Workload, predict
@@ -63,7 +64,8 @@ def compare(records: list[dict[str, Any]], hw: HardwareProfile) -> list[dict[str
                      "rel_error": pred.step_time_s / measured - 1.0,
                      "within_target": abs(pred.step_time_s / measured - 1.0) <= TARGET,
                      "compute": pred.options["compute"], "op_model_s": op.step_time_s,
-                     "op_model_rel_error": op.step_time_s / measured - 1.0})
+                     "op_model_rel_error": op.step_time_s / measured - 1.0,
+                     "noise_flags": flags_of(rec)})
     return rows
 
 
@@ -71,14 +73,21 @@ def format_rows(rows: list[dict[str, Any]], hw_name: str) -> str:
     lines = [f"predicted on {hw_name} vs measured (target ±{TARGET:.0%}); compute: profiled where the profile "
              "has the workload, else the op-level terms; op-model: op-level terms only",
              f"{'system':16} {'model':10} {'seq':>5} {'batch':>5} {'dtype':5} {'measured ms':>12} "
-             f"{'predicted ms':>13} {'error':>8} {'compute':>9} {'op-model ms':>12} {'error':>8}"]
+             f"{'predicted ms':>13} {'error':>8} {'compute':>9} {'op-model ms':>12} {'error':>8}  noise"]
     for r in rows:
+        flags = ",".join(r.get("noise_flags") or []) or "-"
         lines.append(f"{r['system']:16} {r['model']:10} {r['seq']:>5} {r['batch']:>5} {r['dtype']:5} "
                      f"{1e3 * r['measured_s']:>12.2f} {1e3 * r['predicted_s']:>13.2f} {r['rel_error']:>+8.1%} "
-                     f"{r['compute']:>9} {1e3 * r['op_model_s']:>12.2f} {r['op_model_rel_error']:>+8.1%}")
+                     f"{r['compute']:>9} {1e3 * r['op_model_s']:>12.2f} {r['op_model_rel_error']:>+8.1%}  {flags}")
     inside = sum(r["within_target"] for r in rows)
     op_inside = sum(abs(r["op_model_rel_error"]) <= TARGET for r in rows)
     lines.append(f"{inside}/{len(rows)} within ±{TARGET:.0%} ({op_inside}/{len(rows)} with op-level compute only)")
+    noisy = [r for r in rows if r.get("noise_flags")]
+    if noisy:
+        outside = sum(not r["within_target"] for r in noisy)
+        lines.append(f"{len(noisy)} of the measurements come from runs flagged noisy ({outside} of them outside the "
+                     "target): their errors are the machine's as much as the model's; rerun them on a quiet "
+                     "machine (superoffload/harness/noise.py)")
     return "\n".join(lines)
 
 

@@ -21,6 +21,11 @@ def test_compare_real_records():
         assert r["rel_error"] == r["predicted_s"] / r["measured_s"] - 1
     text = format_rows(rows, "cpu")
     assert "within ±20%" in text and "gpt-tiny" in text
+    # every record says how quiet the machine was; a flagged one is named under the table
+    assert all("noise" in rec and isinstance(rec["noise"]["flags"], list) for rec in recs[:2])
+    noisy = [{**recs[0], "noise": {**recs[0]["noise"], "flags": ["loaded"]}}, recs[1]]
+    text = format_rows(compare(noisy, get_profile("cpu")), "cpu")
+    assert "1 of the measurements come from runs flagged noisy" in text and "loaded" in text
 
 
 def test_a_run_with_another_host_kernel_is_predicted_with_that_kernel():
