@@ -21,6 +21,15 @@ def _restore_dist_env():
             os.environ[k] = v
 
 
+def pytest_configure(config):
+    # the CPU's kept MFU peak (superoffload/harness/peak.py) goes to a file of this session, not the user's cache:
+    # a test run must neither read a figure kept by other work nor leave one behind
+    if "SUPEROFFLOAD_PEAK_CACHE" not in os.environ:
+        import tempfile
+
+        os.environ["SUPEROFFLOAD_PEAK_CACHE"] = os.path.join(tempfile.mkdtemp(prefix="so-peak-"), "cpu_peak.json")
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

@@ -25,7 +25,8 @@ import torch
 
 from superoffload.calibrate import compute
 from superoffload.calibrate.threads import set_threads
-from superoffload.harness.peak import gpu_peak_flops
+from superoffload.harness.noise import NoiseSampler
+from superoffload.harness.peak import gpu_peak_flops, store_cpu_peak
 from superoffload.options import PRECISIONS
 from superoffload.planner.hardware import (
     ADAM_BYTES_PER_PARAM,
@@ -341,9 +342,14 @@ def _sizes(quick: bool, top: int) -> list[int]:
 def _cpu_profile(quick: bool, systems: bool = True) -> HardwareProfile:
     threads = torch.get_num_threads()
     n = 512 if quick else 2048
+    sampler = NoiseSampler().start()
     fp32 = _matmul_flops("cpu", torch.float32, n, 3, lambda: None)
     bf16 = _matmul_flops("cpu", torch.bfloat16, n, 3, lambda: None)
     matmul = max(fp32, bf16)
+    others = sampler.others_share()
+    if not quick:  # the machine's MFU denominator for later runs at this thread count (harness/peak.py)
+        for dtype, flops in ((torch.float32, fp32), (torch.bfloat16, bf16)):
+            store_cpu_peak(dtype, threads, flops, "calibrate", others)
     mem = _host_memory_bytes()
     sizes = _sizes(quick, min(256 * MB, mem // 16))
     gbps = []

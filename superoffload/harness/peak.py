@@ -4,12 +4,23 @@ GPU values are dense bf16 tensor-core peaks from vendor specs (the torchtitan ta
 share H100 SXM's 989 TFLOPS since they have the same GH100 die and clocks). On a machine without a
 GPU, the "device" is the CPU and the peak is measured: the best of a few large matmuls in the run's
 dtype. Every record stores the value and where it came from.
+
+A CPU's measured peak moves with the machine's load (28 vs 186 GFLOP/s minutes apart on a shared 2-core
+machine), so measuring it per run made MFU move with the load instead of the code. It is measured once
+per machine, dtype and thread count and kept in a cache file (``SUPEROFFLOAD_PEAK_CACHE``, default
+``~/.cache/superoffload/cpu_peak.json``): the first writer wins, whether `superoffload calibrate` or the
+first run, and a measurement made while other processes used more than a quarter of the CPUs is not
+kept. Every later run on the machine divides by the same figure; its source names the entry.
 """
 
 from __future__ import annotations
 
+import datetime as _dt
 import functools
+import json
+import os
 import time
+from pathlib import Path
 
 import torch
 
@@ -54,6 +65,66 @@ def measure_cpu_peak_flops(dtype: torch.dtype = torch.float32, threads: int = 1,
     return best
 
 
+def peak_cache_path() -> Path:
+    env = os.environ.get("SUPEROFFLOAD_PEAK_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "superoffload" / "cpu_peak.json"
+
+
+def _cache_key(dtype: torch.dtype, threads: int) -> str:
+    from superoffload.harness.provenance import cpu_model
+
+    return f"{cpu_model()}|{str(dtype).removeprefix('torch.')}|threads={threads}"
+
+
+def _read_cache(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def store_cpu_peak(dtype: torch.dtype, threads: int, flops: float, by: str,
+                   others_cpu_share: float | None = None) -> bool:
+    """Keep `flops` as this machine's peak for (dtype, threads) unless one is kept already (the first writer
+    wins, so every run divides by the same figure) or the machine was loaded while it was measured. True
+    when it was stored."""
+    from superoffload.harness.noise import OTHERS_BOUND
+    from superoffload.harness.record import write_json_atomic
+
+    if not flops > 0 or (others_cpu_share is not None and others_cpu_share > OTHERS_BOUND):
+        return False
+    path = peak_cache_path()
+    data = _read_cache(path)
+    key = _cache_key(dtype, threads)
+    if key in data:
+        return False
+    data[key] = {"flops": float(flops), "by": by, "others_cpu_share": others_cpu_share,
+                 "measured_utc": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")}
+    try:
+        write_json_atomic(path, data)
+    except OSError:  # a read-only home: the figure is measured per run, as the source then says
+        return False
+    return True
+
+
+def cpu_peak(dtype: torch.dtype, threads: int) -> tuple[float, str]:
+    """(FLOP/s, source) of this machine's CPU peak for (dtype, threads): the kept figure, else a measurement
+    (kept when the machine was quiet)."""
+    path = peak_cache_path()
+    key = _cache_key(dtype, threads)
+    entry = _read_cache(path).get(key)
+    if isinstance(entry, dict) and isinstance(entry.get("flops"), (int, float)) and entry["flops"] > 0:
+        return float(entry["flops"]), f"cpu-peak-cache:{entry.get('by')}:{entry.get('measured_utc')}:{path}"
+    from superoffload.harness.noise import NoiseSampler
+
+    sampler = NoiseSampler().start()
+    flops = measure_cpu_peak_flops(dtype, threads)
+    kept = store_cpu_peak(dtype, threads, flops, "harness", sampler.others_share())
+    label = f"measured-cpu-matmul:{str(dtype).removeprefix('torch.')}:threads={threads}"
+    return flops, label + (f" (kept in {path})" if kept else " (not kept: measured per run)")
+
+
 def resolve_peak(device: torch.device, dtype: torch.dtype, override: float | None) -> tuple[float, str]:
     """(peak FLOP/s, source) for MFU on ``device``."""
     if override is not None:
@@ -67,6 +138,4 @@ def resolve_peak(device: torch.device, dtype: torch.dtype, override: float | Non
             raise ValueError(f"no peak FLOPS known for GPU {name!r}; pass --peak-flops")
         return peak, f"table:{name}"
     compute = torch.float32 if dtype == torch.float16 else dtype  # CPU fp16 matmul is not a fast path
-    threads = torch.get_num_threads()
-    return measure_cpu_peak_flops(compute, threads), \
-        f"measured-cpu-matmul:{str(compute).removeprefix('torch.')}:threads={threads}"
+    return cpu_peak(compute, torch.get_num_threads())

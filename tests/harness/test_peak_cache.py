@@ -1,0 +1,39 @@
+"""The CPU's MFU denominator is one figure per machine, dtype and thread count: measured once (or by
+calibrate), kept, and named in every record's source; a measurement on a loaded machine is not kept."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from superoffload.harness import peak
+from superoffload.harness.runner import run_benchmark
+from superoffload.harness.system import RunConfig
+
+
+def test_runs_divide_by_one_kept_figure(tmp_path, monkeypatch):
+    from superoffload.harness import noise
+
+    cache = tmp_path / "cpu_peak.json"
+    monkeypatch.setenv("SUPEROFFLOAD_PEAK_CACHE", str(cache))
+    # a quiet machine (test_noise.py checks the measurement; here whatever else runs must not matter)
+    monkeypatch.setattr(noise.NoiseSampler, "others_share", lambda self, ranks=1: 0.0)
+    recs = [run_benchmark(RunConfig(system="torch", model="gpt-tiny", seq=32, batch=2, steps=2, warmup=1,
+                                    threads=1)) for _ in range(2)]
+    first, second = (r["throughput"] for r in recs)
+    kept = json.loads(cache.read_text())
+    assert len(kept) == 1 and next(iter(kept.values()))["by"] == "harness"
+    assert first["peak_flops"] == second["peak_flops"] == next(iter(kept.values()))["flops"]
+    assert "kept in" in first["peak_flops_source"] and second["peak_flops_source"].startswith("cpu-peak-cache:harness:")
+
+
+def test_first_writer_wins_and_a_loaded_measurement_is_not_kept(tmp_path, monkeypatch):
+    monkeypatch.setenv("SUPEROFFLOAD_PEAK_CACHE", str(tmp_path / "p.json"))
+    assert not peak.store_cpu_peak(torch.float32, 1, 5e10, "calibrate", others_cpu_share=0.6)
+    assert peak.store_cpu_peak(torch.float32, 1, 5e10, "calibrate", others_cpu_share=0.0)
+    assert not peak.store_cpu_peak(torch.float32, 1, 9e10, "harness")
+    flops, source = peak.cpu_peak(torch.float32, 1)
+    assert flops == 5e10 and source.startswith("cpu-peak-cache:calibrate:")
+    other, _ = peak.cpu_peak(torch.float32, 2)  # another thread count is its own figure
+    assert other != 5e10
