@@ -117,7 +117,7 @@ class LazyPlan:
     def _make(self) -> str:
         """Make the plan; the reason when there is none."""
         from superoffload.planner.plan import PlanInfeasible, make_plan
-        from superoffload.planner.presets import get_profile, preset_for_gpu
+        from superoffload.planner.presets import default_profile, get_profile
 
         e = self.engine
         model = self.opt.model
@@ -129,7 +129,7 @@ class LazyPlan:
         if self.seen is None:
             return "no forward with token ids was seen before the first step"
         batch, seq = self.seen
-        hardware = self.hardware or preset_for_gpu(
+        hardware = self.hardware or default_profile(
             torch.cuda.get_device_name(e.device) if e.device.type == "cuda" else None)
         try:
             self.plan = make_plan(shape, seq, batch, get_profile(hardware),

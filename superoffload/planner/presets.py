@@ -6,6 +6,8 @@ uses one of the two shared efficiency constants below, applied the same way to e
 
 from __future__ import annotations
 
+import os
+from dataclasses import replace
 from pathlib import Path
 
 from superoffload.planner.hardware import ADAM_BYTES_PER_PARAM, Curve, GiB, HardwareProfile
@@ -202,6 +204,37 @@ def cpu() -> HardwareProfile:
 
 
 PRESETS = {"gh200": gh200, "h100-pcie": h100_pcie, "h200-pcie": h200_pcie, "cpu": cpu}
+
+
+def this_cpu() -> HardwareProfile:
+    """The `cpu` preset with what the OS says of this machine: its usable CPUs and physical memory, and the
+    compute peak scaled to those cores (the preset's per-core spec); memory bandwidth stays the preset's.
+    What a plan uses on a machine without a GPU when no profile is given: a 2-core 24 GB machine planned for
+    the preset's 8 cores and 64 GiB said "host needs 4.3 GB of 67.6 GB". `superoffload calibrate` measures
+    the rest."""
+    base = cpu()
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or base.host_cores
+    try:
+        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        mem = base.host_memory_bytes
+    scale = cores / base.host_cores
+    return replace(base, host_cores=cores, host_memory_bytes=mem, device_hbm_bytes=min(base.device_hbm_bytes, mem),
+                   device_peak_flops=base.device_peak_flops * scale,
+                   device_matmul_flops=base.device_matmul_flops * scale,
+                   source=f"{base.source}; this machine's {cores} usable CPUs (compute scaled by {cores}/"
+                          f"{base.host_cores}) and {mem / GiB:.1f} GiB of memory; calibrate measures the rest")
+
+
+PRESETS["this-cpu"] = this_cpu  # `explain --hardware this-cpu`: the plan a CPU run here gets without a profile
+
+
+def default_profile(gpu_name: str | None) -> HardwareProfile:
+    """The profile a plan uses when none is given: the GPU's preset, or without one `this_cpu()`."""
+    return this_cpu() if gpu_name is None else PRESETS[preset_for_gpu(gpu_name)]()
 
 
 def preset_for_gpu(gpu_name: str | None) -> str:

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from superoffload.planner.costmodel import Workload, predict
-from superoffload.planner.hardware import GB, Curve, HardwareProfile
+from superoffload.planner.hardware import GB, Curve, GiB, HardwareProfile
 from superoffload.planner.presets import PRESETS, get_profile
 from superoffload.shapes import get_shape
 
@@ -76,3 +76,17 @@ def test_small_op_terms_slow_predictions_and_round_trip(tmp_path) -> None:
     small.save(tmp_path / "p.json")
     again = HardwareProfile.load(tmp_path / "p.json")
     assert again.matmul_curve == small.matmul_curve and again.op_overhead_s == 5e-6
+
+
+def test_a_cpu_run_without_a_profile_plans_for_this_machine(monkeypatch) -> None:
+    """Without a GPU and without a profile the plan is made for this machine's cores and memory (the cpu
+    preset's spec numbers per core), not for the preset's generic 8 cores and 64 GiB."""
+    from superoffload.planner import presets
+
+    monkeypatch.setattr(presets.os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(presets.os, "sysconf", lambda name: {"SC_PAGE_SIZE": 4096, "SC_PHYS_PAGES": 6 * 2**18}[name])
+    here, generic = presets.default_profile(None), presets.cpu()
+    assert here.host_cores == 2 and here.host_memory_bytes == 6 * GiB
+    assert here.device_peak_flops == generic.device_peak_flops * 2 / generic.host_cores
+    assert "2 usable CPUs" in here.source and here.device_is_host
+    assert presets.default_profile("NVIDIA GH200 480GB").name == "gh200"

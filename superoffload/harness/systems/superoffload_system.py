@@ -41,13 +41,14 @@ HARNESS_ONLY_OPTIONS = ("data", "data_dtype", "plan", "hardware", "cast_policy",
 APIS = ("engine", "optimizer")  # -o api= / --api: engine.backward/step, or superoffload.AdamW in a plain loop
 
 
-def hardware_for_device(device: str) -> str:
-    """Planner preset for the device the run will use (sim simulates the CUDA code path on this CPU: the
+def hardware_for_device(device: str):
+    """Planner profile for the device the run will use: the GPU's preset, or this machine's CPU (the cpu
+    preset with its cores and memory, `presets.this_cpu`; sim simulates the CUDA code path on this CPU: the
     CPU's numbers are the ones it runs at)."""
-    from superoffload.planner.presets import preset_for_gpu
+    from superoffload.planner.presets import default_profile
 
     on_gpu = device not in ("cpu", "host", "sim") and torch.cuda.is_available()
-    return preset_for_gpu(torch.cuda.get_device_name() if on_gpu else None)
+    return default_profile(torch.cuda.get_device_name() if on_gpu else None)
 
 
 def plan_for(shape: ModelShape, run: RunConfig):
