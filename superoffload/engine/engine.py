@@ -7,7 +7,9 @@ Per optimizer step (docs/engine.md has the full account):
    across ranks, the shard's squared norm in fp64 (also the finite flag), then the gradient shard and
    its norm D2H on a copy stream into pinned buffers; the autograd gradients are freed;
 3. speculative host step: the worker waits for the D2H and runs the host kernel before the global norm
-   is known. It writes only buffers the model does not read (`upload`, and `spare` with full_copy);
+   is known. It writes only buffers the model does not read (`upload`, and `spare` with full_copy); with
+   an upload ring (`upload_slots`) only the first buckets in forward order have a slot to write, the
+   others step when step() publishes them;
 4. device tail buckets keep their gradient shard, master and Adam state on the device;
 5. validation in `step()`: one all-reduce of [Σ norm², non-finite count] in fp64, the one
    synchronization of the step, then the same decision on every rank for every bucket: commit, redo
