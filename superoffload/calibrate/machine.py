@@ -37,7 +37,7 @@ from superoffload.planner.hardware import (
     HardwareProfile,
 )
 from superoffload.planner.overhead import CLIP_BYTES_PER_PARAM
-from superoffload.planner.presets import ADAM_8B_SECONDS, ATTENTION_FACTOR, MATMUL_EFFICIENCY
+from superoffload.planner.presets import ADAM_8B_SECONDS, ATTENTION_FACTOR, MATMUL_EFFICIENCY, physical_memory_bytes
 
 # Ratios between host Adam kernels from the authors' GraceAdam table (the 8B row the presets use), only
 # for a kernel this machine cannot run; the profile's notes say which ones were derived.
@@ -324,13 +324,6 @@ def _thread_sync_latency() -> float:
     return best
 
 
-def _host_memory_bytes() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 16 * 2**30
-
-
 def _sizes(quick: bool, top: int) -> list[int]:
     sizes = [MB * 4**i for i in range(6)]  # 1 MiB .. 1 GiB
     sizes = [s for s in sizes if s <= top]
@@ -350,7 +343,7 @@ def _cpu_profile(quick: bool, systems: bool = True) -> HardwareProfile:
     if not quick:  # the machine's MFU denominator for later runs at this thread count (harness/peak.py)
         for dtype, flops in ((torch.float32, fp32), (torch.bfloat16, bf16)):
             store_cpu_peak(dtype, threads, flops, "calibrate", others)
-    mem = _host_memory_bytes()
+    mem = physical_memory_bytes()
     sizes = _sizes(quick, min(256 * MB, mem // 16))
     gbps = []
     for s in sizes:
@@ -432,7 +425,7 @@ def _cuda_profile(quick: bool, systems: bool = True) -> HardwareProfile:
         **links, device_matmul_flops=matmul, device_peak_flops=peak, attention_factor=attention,
         device_hbm_bytes=props.total_memory, device_hbm_gbps=hbm_gbps,
         device_cast_gbps=_cast_gbps("cuda", 2**26 if quick else 2**28, sync),
-        host_adam_gbps=adam, host_cores=os.cpu_count() or 1, host_memory_bytes=_host_memory_bytes(),
+        host_adam_gbps=adam, host_cores=os.cpu_count() or 1, host_memory_bytes=physical_memory_bytes(),
         host_cast_gbps=_cast_gbps("cpu", 2**22 if quick else 2**26, lambda: None),
         sync_latency_s=_best(event_roundtrip, 20), notes=notes,
         matmul_curve=_matmul_curve("cuda", torch.bfloat16, quick, sync, pool_bytes=256 * MB),
@@ -463,7 +456,7 @@ def calibrate(out_path: str | os.PathLike[str] | None = None, quick: bool = Fals
         set_threads(threads)
 
     cuda = torch.cuda.is_available()
-    mem = torch.cuda.get_device_properties(0).total_memory if cuda else _host_memory_bytes()
+    mem = torch.cuda.get_device_properties(0).total_memory if cuda else physical_memory_bytes()
     if workloads:  # bad names and models too large to profile fail here, before minutes of measuring
         compute.check_workloads(workloads, dtype, mem)
     prof = _cuda_profile(quick, systems) if cuda else _cpu_profile(quick, systems)

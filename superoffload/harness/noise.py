@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from superoffload.planner.presets import usable_cpus
+
 # bounds are judgments, not fits. Quiet gpt-tiny runs here (10-30 ms steps) spread 1.24-1.46; the same loop's
 # steps varying 2x, or a quarter of the machine used by others, is not the code's doing
 SPREAD_BOUND = 2.0  # p90/p10 of the timed steps
@@ -44,13 +46,6 @@ def _proc_stat_jiffies() -> tuple[int, int] | None:
 def _own_cpu_s() -> float:
     t = os.times()
     return t.user + t.system
-
-
-def usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 @dataclass

@@ -206,6 +206,21 @@ def cpu() -> HardwareProfile:
 PRESETS = {"gh200": gh200, "h100-pcie": h100_pcie, "h200-pcie": h200_pcie, "cpu": cpu}
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask), else the machine's count."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def physical_memory_bytes(default: int = 16 * GiB) -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return default
+
+
 def this_cpu() -> HardwareProfile:
     """The `cpu` preset with what the OS says of this machine: its usable CPUs and physical memory, and the
     compute peak scaled to those cores (the preset's per-core spec); memory bandwidth stays the preset's.
@@ -213,14 +228,7 @@ def this_cpu() -> HardwareProfile:
     the preset's 8 cores and 64 GiB said "host needs 4.3 GB of 67.6 GB". `superoffload calibrate` measures
     the rest."""
     base = cpu()
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or base.host_cores
-    try:
-        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        mem = base.host_memory_bytes
+    cores, mem = usable_cpus(), physical_memory_bytes(base.host_memory_bytes)
     scale = cores / base.host_cores
     return replace(base, host_cores=cores, host_memory_bytes=mem, device_hbm_bytes=min(base.device_hbm_bytes, mem),
                    device_peak_flops=base.device_peak_flops * scale,
