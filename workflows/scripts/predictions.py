@@ -1,5 +1,6 @@
-"""Predicted paper figures: superoffload.planner.paper.paper_comparison() rows and the preset hardware
-profile they assume, in one JSON file. Degrades to {"status": "unavailable"} while the planner part is
+"""Predicted paper figures: superoffload.planner.paper.paper_comparison() rows, the largest model per
+system and chip count with the memory that binds it, the memory each point that does not fit overflows
+(binding.py), and the preset hardware profile they assume, in one JSON file. Degrades to {"status": "unavailable"} while the planner part is
 not installed, so the report shows "not available" instead of failing."""
 
 from __future__ import annotations
@@ -25,6 +26,14 @@ def collect(hardware: str) -> dict:
         out.update(status="unavailable", error=f"{type(e).__name__}: {e}")
     except Exception as e:  # noqa: BLE001 - a failing predictor is a result, not a crash
         out.update(status="error", error=f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}")
+    try:  # apart from the rows: a failure here leaves the comparison intact and says why
+        from binding import does_not_fit, largest_rows
+
+        out["largest"] = largest_rows(hardware)
+        out["does_not_fit"] = does_not_fit(out["rows"], hardware)
+    except Exception as e:  # noqa: BLE001
+        out["largest"], out["does_not_fit"] = [], []
+        out["binding_error"] = f"{type(e).__name__}: {e}"
     try:
         from superoffload.planner.presets import get_profile
 
@@ -42,7 +51,7 @@ def main() -> int:
     data = collect(a.hardware)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
-    print(f"paper_comparison: {data['status']}, {len(data['rows'])} rows")
+    print(f"paper_comparison: {data['status']}, {len(data['rows'])} rows, {len(data['largest'])} largest-model rows")
     return 0
 
 
