@@ -31,10 +31,10 @@ from reports.figures.convergence import convergence
 from reports.figures.microbench import adam_points, adam_rows, cast, cast_series, graceadam, link_bandwidth
 from reports.figures.seqlen import seqlen
 from reports.figures.sweep import largest_model, mfu_vs_seq, paper_comparison, scaling, throughput_vs_size
-from reports.figures.telemetry import gpu_timeline, rollbacks
+from reports.figures.telemetry import rollbacks, utilization, utilization_title
 
-__all__ = ["CAPTIONS", "FIGURES", "adam_points", "adam_rows", "cast_series", "params_of", "render_all", "render_one",
-           "svg_bytes"]
+__all__ = ["CAPTIONS", "FIGURES", "adam_points", "adam_rows", "cast_series", "empty_note", "params_of", "render_all",
+           "render_one", "svg_bytes", "title"]
 
 FIGURES: dict[str, tuple[Callable[[dict], plt.Figure], str]] = {
     "throughput_vs_size": (
@@ -51,7 +51,9 @@ FIGURES: dict[str, tuple[Callable[[dict], plt.Figure], str]] = {
     ),
     "largest_model": (
         largest_model,
-        "Largest trainable model per system: measured, predicted, paper (Fig 13); right: against the chip count.",
+        "Largest trainable model per system on one GH200, predicted (the largest zoo model grown by whole blocks "
+        "while it fits, with the memory that binds it) beside the paper's value; right: predicted against the chip "
+        "count.",
     ),
     "scaling": (
         scaling,
@@ -68,7 +70,8 @@ FIGURES: dict[str, tuple[Callable[[dict], plt.Figure], str]] = {
         link_bandwidth,
         "Link bandwidth vs transfer size: calibration (measured) and the preset profile the predictions use.",
     ),
-    "gpu_timeline": (gpu_timeline, "Utilization timeline from the records' telemetry."),
+    "utilization": (utilization, "Utilization over time from the records' telemetry: the GPU's where the records "
+                    "have it, else the host CPU's (one line per system, its largest configuration)."),
     "rollbacks": (rollbacks, "Speculation rollback counters from the records."),
     "paper_comparison": (paper_comparison, "Cost-model predictions divided by the paper's values."),
     "convergence": (
@@ -79,11 +82,40 @@ FIGURES: dict[str, tuple[Callable[[dict], plt.Figure], str]] = {
 }
 # Figures whose caption ends with a sentence measured from the results: name -> fn(results) -> str
 CAPTIONS: dict[str, Callable[[dict], str]] = {"convergence": convergence_caption}
+# What each figure shows, as the report titles it (a function where it depends on the data)
+TITLES: dict[str, str | Callable[[dict], str]] = {
+    "throughput_vs_size": "Throughput vs model size", "mfu_vs_seq": "MFU vs sequence length, one device",
+    "seqlen": "Long sequences (Fig 12)", "largest_model": "Largest trainable model (Fig 13)",
+    "scaling": "Several ranks and chips (Fig 11)", "ablation": "Ablation", "graceadam": "GraceAdam microbenchmark",
+    "cast": "Cast and transfer microbenchmark", "link_bandwidth": "Host-device link bandwidth",
+    "utilization": utilization_title, "rollbacks": "Speculation rollbacks per run",
+    "paper_comparison": "Cost-model prediction / paper", "convergence": "Convergence: engine vs torch",
+}
+EMPTY_MARK = "no data: "  # the SVG description of a figure whose every panel is empty
+
+
+def title(name: str, results: dict) -> str:
+    t = TITLES.get(name, name)
+    return t(results) if callable(t) else t
+
+
+def empty_note(svg: bytes) -> str | None:
+    """The one line an all-empty figure says instead of its image (how to fill it), or None."""
+    import re
+
+    m = re.search(rb"<dc:description>" + re.escape(EMPTY_MARK.encode()) + rb"(.*?)</dc:description>", svg, re.S)
+    return m[1].decode() if m else None
 
 
 def svg_bytes(fig: plt.Figure) -> bytes:
+    """The SVG of ``fig``; a figure whose every panel is empty says so in its description (EMPTY_MARK and the
+    panels' texts), which the report shows as one line instead of the image."""
     buf = io.BytesIO()
-    fig.savefig(buf, format="svg", metadata={"Date": None, "Creator": "superoffload reports"}, bbox_inches="tight")
+    meta = {"Date": None, "Creator": "superoffload reports"}
+    notes = [getattr(ax, "so_empty", None) for ax in fig.axes]
+    if notes and all(notes):
+        meta["Description"] = EMPTY_MARK + " ".join(dict.fromkeys(n for n in notes if n))
+    fig.savefig(buf, format="svg", metadata=meta, bbox_inches="tight")
     plt.close(fig)
     return buf.getvalue()
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from reports import data as D
 from reports import paper as P
-from reports.figures.common import empty, footnote, new_fig, plt, pred_rows, status_note
+from reports.figures.common import empty, footnote, legend_outside, new_fig, plt, pred_rows, status_note
 
 PRED_ABLATION = {
     "+GraceAdam": "host_optimizer",
@@ -82,7 +82,7 @@ def ablation(results: dict) -> plt.Figure:
     ):
         ax.set_title(title, fontsize=9)
         if not rows:
-            empty(ax, "No ablation variants (ablation not run).")
+            empty(ax, "Ablation not run: `snakemake ablation` (part of `snakemake all`).")
             continue
         x = range(len(rows))
         w = 0.27
@@ -105,7 +105,8 @@ def ablation(results: dict) -> plt.Figure:
             )
             for i, v in enumerate(vals):
                 if v is not None:
-                    ax.text(i + (j - 1) * w, v, f"{v:.2f}", ha="center", va="bottom", fontsize=5)
+                    # upright labels on 0.27-wide bars would run into their neighbours: written upwards
+                    ax.text(i + (j - 1) * w, v, f" {v:.2f}", ha="center", va="bottom", fontsize=6, rotation=90)
                 elif key == "measured":
                     ax.text(
                         i - w,
@@ -117,9 +118,11 @@ def ablation(results: dict) -> plt.Figure:
                         fontsize=6,
                     )
         ax.axhline(1.0, color="black", linewidth=0.6)
+        ax.set_ylim(0, max([v for r in rows for v in (r.get("measured"), r.get("predicted"), r.get("paper"))
+                            if v is not None] + [1.0]) * 1.25)  # room for the labels above the bars
         ax.set_xticks(list(x), [r["label"] for r in rows], rotation=25, ha="right", fontsize=7)
         ax.set_ylabel(ylabel)
-        ax.legend(fontsize=7)
+        legend_outside(ax)
     footnote(
         fig,
         f"ablation records: {note}; paper factors 1.104 / 1.127 / 1.45 / 1.141 "

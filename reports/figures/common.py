@@ -36,6 +36,11 @@ def footnote(fig: plt.Figure, text: str) -> None:
     fig.tight_layout(rect=(0, 0.05, 1, 1))
 
 
+def legend_outside(ax, fontsize: float = 6) -> None:
+    """The legend right of the axes, never over the data (the layout makes room for it)."""
+    ax.legend(fontsize=fontsize, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+
+
 def system_color(system: str) -> str:
     return COLORS.get(system, "#8c564b")
 
@@ -49,6 +54,9 @@ def sys_sorted(systems) -> list[str]:
 
 
 def empty(ax, text: str) -> None:
+    """An empty-state panel: ``text`` says what is missing and how to fill it. The axes is marked, so a
+    figure whose every panel is empty can be shown as that one line instead (figures.svg_bytes)."""
+    ax.so_empty = " ".join(text.split())
     ax.text(
         0.5,
         0.5,

@@ -41,9 +41,11 @@ def convergence(results: dict) -> plt.Figure:
     ax1.set_title("Loss per step: engine vs torch AdamW", fontsize=9)
     ax2.set_title("|Δloss| per step", fontsize=9)
     if item["status"] != "ok":
-        hint = "run `snakemake convergence`" if item["status"] == "missing" else D.first_line(item.get("error"), 200)
-        empty(ax1, f"Convergence check not available ({item['status']}).\n{hint}")
-        empty(ax2, "no data")
+        hint = ("run `snakemake convergence`, then re-render the report" if item["status"] == "missing"
+                else D.first_line(item.get("error"), 200))
+        text = f"Convergence check not available ({item['status']}): {hint}."
+        empty(ax1, text)
+        empty(ax2, text)
         return fig
     d = item["data"]
     curves, c, s = d["curves"], d["comparison"], d["settings"]

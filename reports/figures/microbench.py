@@ -15,7 +15,7 @@ from typing import Any
 
 from reports import data as D
 from reports import paper as P
-from reports.figures.common import STYLE, empty, footnote, new_fig, plt
+from reports.figures.common import STYLE, empty, footnote, legend_outside, new_fig, plt
 
 
 def _unavailable(ax, what: str, item: dict) -> None:
@@ -61,13 +61,13 @@ def graceadam(results: dict) -> plt.Figure:
     if not pts:
         _unavailable(ax1, "GraceAdam microbenchmark", results["adam"])
     else:
-        labels = [f"{p['impl']}\n{p['threads']} thr" for p in pts]
+        labels = [f"{p['impl']}, {p['threads']} thr" for p in pts]
         ax1.bar(
             range(len(pts)),
             [p["ns_per_param"] for p in pts],
             color=["#d62728" if P.ADAM_KERNEL_COLUMN.get(p["impl"]) == "grace-adam" else "#1f77b4" for p in pts],
         )
-        ax1.set_xticks(range(len(pts)), labels, rotation=30, ha="right", fontsize=6)
+        ax1.set_xticks(range(len(pts)), labels, rotation=90, fontsize=6)
         ax1.set_ylabel("ns / parameter")
     # speed-up ratios: ours (best over threads per kernel) vs the paper's table
     ax2.set_title("Speed-up of GraceAdam: measured vs paper [V]", fontsize=9)
@@ -105,7 +105,7 @@ def graceadam(results: dict) -> plt.Figure:
         ax2.text(i + 0.2, pap[i], f"{pap[i]:.2f}x", ha="center", va="bottom", fontsize=7)
     ax2.set_xticks(list(x), labels, fontsize=7)
     ax2.axhline(1.0, color="black", linewidth=0.6)
-    ax2.legend(fontsize=7)
+    legend_outside(ax2)
     fig.tight_layout()
     return fig
 
@@ -152,11 +152,11 @@ def cast(results: dict) -> plt.Figure:
         ax.set_yscale("log")
         ax.set_xlabel("bytes")
         ax.set_ylabel(ylabel)
-        ax.legend(fontsize=5)
+        legend_outside(ax, 5)
     footnote(
         fig,
         "paper (blog Fig 4): on GH200, cast on the GPU then move fp32 is best [V]; its latencies "
-        "are [MISSING]. On a CPU-only host the 'device' is the CPU, so this only checks the plumbing.",
+        "are not published. On a CPU-only host the 'device' is the CPU, so this only checks the plumbing.",
     )
     return fig
 
@@ -199,7 +199,7 @@ def link_bandwidth(results: dict) -> plt.Figure:
     ax.set_yscale("log")
     ax.set_xlabel("bytes per copy")
     ax.set_ylabel("GB/s")
-    ax.legend(fontsize=6)
+    legend_outside(ax)
     ax.text(
         0.0,
         -0.22,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from reports import data as D
-from reports.figures.common import STYLE, empty, new_fig, plt, status_note, sys_key, system_color
+from reports.figures.common import STYLE, empty, legend_outside, new_fig, plt, status_note, sys_key, system_color
 
 CHIP_MARKERS = {2: "o", 4: "s", 8: "^", 16: "D"}
 
@@ -26,12 +26,13 @@ def _is_gh200(results: dict) -> bool:
 
 
 def _cross(ax, seq: int, text: str, color: str, stack: dict[int, int]) -> None:
-    """An x at MFU 0 with a label; labels at the same sequence length stack upwards."""
+    """An x at MFU 0 with its label written upwards; labels at the same sequence length stand side by side
+    (a rotated label is one line high, so neighbours never overlap)."""
     n = stack.get(seq, 0)
     stack[seq] = n + 1
     ax.scatter([seq], [0], marker="x", color=color, zorder=5)
-    ax.annotate(text, (seq, 0), textcoords="offset points", xytext=(0, 5 + 8 * n), ha="center", fontsize=6,
-                color=color)
+    ax.annotate(text, (seq, 0), textcoords="offset points", xytext=(-4 + 8 * n, 6), ha="center", va="bottom",
+                rotation=90, fontsize=6, color=color)
 
 
 def _draw_measured(ax, rows: list[dict], label_suffix: str = "", stack: dict[int, int] | None = None) -> bool:
@@ -69,7 +70,7 @@ def seqlen(results: dict) -> plt.Figure:
         ax.set_xscale("log", base=2)
         ax.set_xlabel("global sequence length (tokens; split over the SP ranks)")
         ax.set_ylabel("MFU per device (%)")
-        ax.legend(fontsize=6)
+        legend_outside(ax)
     else:
         multi = [r for r in results.get("multi_runs", []) if D.sp_of(r) > 1]
         empty(ax, "No sequence-parallel records in this sweep (a matrix with `sp`).\n" + status_note(multi))
@@ -106,7 +107,7 @@ def seqlen(results: dict) -> plt.Figure:
         axp.set_xlabel("global sequence length (tokens)")
         axp.set_ylabel("MFU per chip (%)")
         axp.set_ylim(bottom=-3, top=max(65.0, axp.get_ylim()[1]))
-        axp.legend(fontsize=6, loc="upper left")
+        legend_outside(axp)
     else:
         pc = results.get("paper_comparison") or {}
         empty(axp, f"No Fig 12 predictions (paper_comparison: {pc.get('status', 'missing')}).\n"

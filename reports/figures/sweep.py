@@ -13,6 +13,7 @@ from reports.figures.common import (
     STYLE,
     empty,
     footnote,
+    legend_outside,
     new_fig,
     params_of,
     plt,
@@ -61,7 +62,7 @@ def throughput_vs_size(results: dict) -> plt.Figure:
         ax.set_xscale("log")
         ax.set_xlabel("parameters")
         ax.set_ylabel("model TFLOPS per device")
-        ax.legend(fontsize=6)
+        legend_outside(ax)
     else:
         empty(ax, "No measured throughput: no run records.\n" + status_note(results["runs"]))
     pred: dict[str, list] = defaultdict(list)
@@ -80,14 +81,14 @@ def throughput_vs_size(results: dict) -> plt.Figure:
         axp.set_xscale("log")
         axp.set_xlabel("parameters")
         axp.set_ylabel("model TFLOPS per device")
-        axp.legend(fontsize=6)
+        legend_outside(axp)
     else:
         pc = results["paper_comparison"]
         empty(axp, f"No predictions ({pc['status']}).\n" + D.first_line(pc.get("error"), 80))
     footnote(
         fig,
-        "paper (Fig 10): per-size values are not in the sources we could read ([MISSING]); "
-        "missing models on the right = predicted not to fit",
+        "paper (Fig 10): per-size values are not in the sources we could read; "
+        "models absent on the right are predicted not to fit",
     )
     return fig
 
@@ -131,7 +132,7 @@ def mfu_vs_seq(results: dict) -> plt.Figure:
         ax.set_xscale("log", base=2)
         ax.set_xlabel("sequence length")
         ax.set_ylabel("MFU (%)")
-        ax.legend(fontsize=7)
+        legend_outside(ax)
         ax.text(
             0.0,
             -0.22,
@@ -157,96 +158,94 @@ def _chip_axis(ax, chips: set[int]) -> None:
     ax.minorticks_off()
 
 
-def largest_model(results: dict) -> plt.Figure:
-    """Largest model with an ok record per system (measured, within the sweep's list), the cost model's
-    prediction for one GH200, and the paper's value (Fig 13); right: the same against the chip count
-    (predicted for 1, 4, 16 GH200; measured where the sweep ran multi-chip points)."""
-    fig, (ax, axc) = new_fig(2, width=10.0, height=3.8)
-    measured: dict[str, float] = {}
-    for r in map(D.record_row, results["runs"]):
-        if r["status"] == "ok" and r["params"]:
-            measured[r["system"]] = max(measured.get(r["system"], 0.0), r["params"] / 1e9)
-    predicted: dict[str, float] = {}
-    by_chips: dict[str, dict[int, float]] = defaultdict(dict)
+def _largest_predicted(results: dict) -> dict[str, dict[int, tuple[float, str]]]:
+    """system -> chips -> (billions of parameters, the memory that binds it): the predictions file's
+    largest-model rows (by whole blocks, workflows/scripts/binding.py), else its Fig 13 zoo-label rows."""
+    out: dict[str, dict[int, tuple[float, str]]] = defaultdict(dict)
+    data = results["paper_comparison"].get("data") or {}
+    for r in data.get("largest") or []:
+        if isinstance(r, dict) and r.get("params") and isinstance(r.get("chips"), int):
+            memory = (r.get("binding") or {}).get("memory") or ""
+            out[r["system"]][r["chips"]] = (r["params"] / 1e9, "" if memory == "none" else memory)
+    if out:
+        return out
     for r in pred_rows(results, "fig13"):
-        system = str(r.get("point", "")).split(" ")[-1]
-        if D.num(r.get("predicted")) is None:
-            continue
-        by_chips[system][_chips(r)] = float(r["predicted"])
-        if _chips(r) == 1:
-            predicted[system] = float(r["predicted"])
-    systems = sys_sorted(set(measured) | set(predicted) | set(P.LARGEST_MODEL_B))
-    width = 0.27
+        if r.get("metric") == "largest_model_B" and D.num(r.get("predicted")) is not None:
+            out[str(r.get("point", "")).split(" ")[-1]][_chips(r)] = (float(r["predicted"]), "")
+    return out
+
+
+def largest_model(results: dict) -> plt.Figure:
+    """Left: the largest trainable model on one GH200 per system, predicted (grown by whole blocks while it
+    fits; each bar says which memory binds it), the paper's value beside it, and on a GH200 the largest
+    model measured here; one row per system, so no label can collide. Right: the predicted largest model
+    against the chip count (Fig 13: 1, 4, 16 GH200), and measured points where the sweep ran several chips."""
+    fig, (ax, axc) = new_fig(2, width=10.0, height=4.0)
+    pred = _largest_predicted(results)
+    measured: dict[str, float] = {}
+    if _is_gh200(results):  # on other hardware the largest model that ran says nothing about a GH200
+        for r in map(D.record_row, results["runs"]):
+            n = D.model_params(r["model"], r["params"])
+            if r["status"] == "ok" and n:
+                measured[r["system"]] = max(measured.get(r["system"], 0.0), n / 1e9)
+    systems = sys_sorted({s for s in pred if 1 in pred[s]} | set(measured) | set(P.LARGEST_MODEL_B))[::-1]
+    height = 0.26
+    top = max([v[1][0] for v in ((s, pred[s].get(1, (0, ""))) for s in pred)] + [v[0] for v in
+              P.LARGEST_MODEL_B.values()] + list(measured.values()) + [1.0])
     for i, system in enumerate(systems):
-        for j, (kind, val) in enumerate(
-            (
-                ("measured", measured.get(system)),
-                ("predicted", predicted.get(system)),
-                ("paper", (P.LARGEST_MODEL_B.get(system) or (None,))[0]),
-            )
-        ):
+        bars = (("predicted", pred.get(system, {}).get(1)), ("paper", P.LARGEST_MODEL_B.get(system)),
+                ("measured", (measured[system], "") if system in measured else None))
+        for j, (kind, val) in enumerate(bars):
             if val is None:
                 continue
-            x = i + (j - 1) * width
-            ax.bar(
-                x,
-                val,
-                width,
-                color=system_color(system),
-                alpha=(1.0, 0.55, 0.25)[j],
-                hatch=("", "//", "..")[j],
-                edgecolor="black",
-                linewidth=0.5,
-            )
-            tag = {"measured": "M", "predicted": "P", "paper": "paper"}[kind]
-            if kind == "paper":
-                tag += f" [{P.LARGEST_MODEL_B[system][1]}]"
-            ax.text(x, val, f"{val:.3g}\n{tag}", ha="center", va="bottom", fontsize=6)
-    ax.set_xticks(range(len(systems)), systems, rotation=20, fontsize=7)
-    ax.set_ylabel("largest trainable model (B params)")
-    ax.set_yscale("log")
-    ax.set_title("Largest model, one device (M measured, P predicted GH200)", fontsize=9)
-    ax.text(
-        0.0,
-        -0.3,
-        "measured: the largest model of the sweep with an ok record (an OOM search only when "
-        "the sweep has a max_model matrix)",
-        transform=ax.transAxes,
-        fontsize=7,
-        color="#666666",
-    )
+            y = i + (1 - j) * height
+            ax.barh(y, val[0], height, color=system_color(system), alpha=(0.55, 0.25, 1.0)[j],
+                    hatch=("//", "..", "")[j], edgecolor="black", linewidth=0.5)
+            label = {"predicted": f"{val[0]:.3g}B predicted" + (f", {val[1]} memory binds" if val[1] else ""),
+                     "paper": f"{val[0]:.3g}B paper [{val[1]}]", "measured": f"{val[0]:.3g}B measured"}[kind]
+            ax.text(val[0] + top * 0.01, y, label, va="center", ha="left", fontsize=6)
+    ax.set_yticks(range(len(systems)), systems, fontsize=7)
+    ax.set_xlim(0, top * 1.6)  # room for the labels right of the longest bar
+    ax.set_xlabel("largest trainable model (billions of parameters)")
+    ax.set_title("One GH200: predicted (hatched) and the paper's (dotted)", fontsize=9)
+    if not systems:
+        empty(ax, "No largest-model predictions: run the predictions (`snakemake all`).")
     multi: dict[str, dict[int, float]] = defaultdict(dict)
-    for rec in results.get("multi_runs", []):
+    for rec in results.get("multi_runs", []) if _is_gh200(results) else []:
         r = D.record_row(rec)
-        if r["status"] == "ok" and r["params"]:
+        n = D.model_params(r["model"], r["params"])
+        if r["status"] == "ok" and n:
             w = D.world_of(rec)
-            multi[r["system"]][w] = max(multi[r["system"]].get(w, 0.0), r["params"] / 1e9)
-    for system, pts in measured.items():
-        multi[system].setdefault(1, pts)
+            multi[r["system"]][w] = max(multi[r["system"]].get(w, 0.0), n / 1e9)
     drew = False
-    for system in sys_sorted(set(by_chips) | set(multi)):
-        if len(by_chips.get(system, {})) > 1:
-            xs = sorted(by_chips[system])
-            axc.plot(xs, [by_chips[system][x] for x in xs], color=system_color(system), label=f"{system} (P)",
+    for system in sys_sorted(set(pred) | set(multi)):
+        if len(pred.get(system, {})) > 1:
+            xs = sorted(pred[system])
+            axc.plot(xs, [pred[system][x][0] for x in xs], color=system_color(system), label=f"{system} (P)",
                      **STYLE["predicted"])
             drew = True
-        if len(multi.get(system, {})) > 1 or any(w > 1 for w in multi.get(system, {})):
+        if len(multi.get(system, {})) > 1:
             xs = sorted(multi[system])
             axc.plot(xs, [multi[system][x] for x in xs], color=system_color(system), label=f"{system} (M)",
                      **STYLE["measured"])
             drew = True
-    axc.set_title("Largest model vs chips (seq 2048, micro-batch 1)", fontsize=9)
+    axc.set_title("Predicted largest model vs chips (seq 2048, micro-batch 1)", fontsize=9)
     if drew:
-        _chip_axis(axc, {c for pts in (*by_chips.values(), *multi.values()) for c in pts})
+        _chip_axis(axc, {c for pts in (*pred.values(), *multi.values()) for c in pts})
         axc.set_yscale("log")
         axc.set_xlabel("chips")
-        axc.set_ylabel("B params")
-        axc.legend(fontsize=6)
+        axc.set_ylabel("billions of parameters")
+        legend_outside(axc)
     else:
-        empty(axc, "No multi-chip points: no predictions for 4 / 16 chips and no multi-rank records.")
-    footnote(fig, "paper (Fig 13): 1 chip only (25B [V], 15B / 3.5B [S]); the 4- and 16-chip values are [MISSING]; "
-             "P = cost model (gh200 preset), M = ok records of this sweep")
+        empty(axc, "No multi-chip predictions: run the predictions (`snakemake all`).")
+    footnote(fig, "predicted: the cost model on the gh200 preset, the largest zoo model grown by whole blocks while "
+             "it fits (P); paper: 1 chip only (25B [V], 15B / 3.5B [S]); M: measured on GH200 chips")
     return fig
+
+
+def _is_gh200(results: dict) -> bool:
+    hw = (results.get("sweep") or {}).get("hardware") or {}
+    return "GH200" in str(hw.get("device_name") or "").upper()
 
 
 def scaling(results: dict) -> plt.Figure:
@@ -272,8 +271,8 @@ def scaling(results: dict) -> plt.Figure:
         ax.set_xticks(range(len(labels)), labels, fontsize=6)
         ax.set_ylabel("tokens/s")
         m = ok[0]
-        ax.set_title(f"Measured: {m['model']} seq {m['seq']}, batch {m['batch_per_rank']}/rank "
-                     "(dots: 1 rank, plain: per device, hatched: aggregate)", fontsize=8)
+        ax.set_title(f"Measured: {m['model']} seq {m['seq']}, batch {m['batch_per_rank']}/rank\n"
+                     "(dotted: 1 rank, plain: per device, hatched: aggregate)", fontsize=8)
     else:
         empty(ax, "No multi-rank records in this sweep.\n" + status_note(results.get("multi_runs", [])))
         ax.set_title("Measured: several ranks", fontsize=9)
@@ -295,11 +294,11 @@ def scaling(results: dict) -> plt.Figure:
         _chip_axis(axp, {c for pts in pred.values() for c in pts})
         axp.set_xlabel("chips")
         axp.set_ylabel("model TFLOPS per chip")
-        axp.legend(fontsize=6)
+        legend_outside(axp)
     else:
         empty(axp, "No multi-chip predictions (paper_comparison has no fig11 rows).")
-    footnote(fig, "paper (Fig 11): per-size values [MISSING]; claims: 2.5x ZeRO-Offload on average, up to +83% / "
-             "+46% / +37% over Megatron / ZeRO-2 / ZeRO-3 [S]")
+    footnote(fig, "paper (Fig 11): per-size values not published in the sources read; claims: 2.5x ZeRO-Offload on "
+             "average, up to +83% / +46% / +37% over Megatron / ZeRO-2 / ZeRO-3 [S]")
     return fig
 
 
