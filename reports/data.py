@@ -15,6 +15,33 @@ from superoffload.planner.explain import format_ranges
 
 STATUSES = ("ok", "oom", "error")
 
+# What the report calls each harness system, in the order tables list them (ours first, then the peers)
+SYSTEM_NAMES = {
+    "superoffload": "SuperOffload (ours)",
+    "ds_superoffload": "DeepSpeed SuperOffload",
+    "zero_offload": "ZeRO-Offload",
+    "zero_infinity": "ZeRO-Infinity",
+    "fsdp_offload": "FSDP2 CPU offload",
+    "torch": "PyTorch, no offload",
+    "ulysses": "DeepSpeed-Ulysses",
+}
+
+
+def system_key(system: str) -> tuple[int, str]:
+    order = list(SYSTEM_NAMES)
+    return (order.index(system) if system in order else len(order), system)
+
+
+def model_params(name: str, recorded: float | None = None) -> float | None:
+    """One parameter count per model: the zoo shape's (superoffload.shapes), not a run's. A GPT run at a
+    sequence longer or shorter than the zoo's position table builds the table to fit the run, so records
+    of one model carry several counts; the model's own is the zoo's. A model outside the zoo keeps the
+    recorded count."""
+    from superoffload.shapes import MODELS
+
+    shape = MODELS.get(name)
+    return float(shape.total_params()) if shape is not None else recorded
+
 
 def read_json(path: Path) -> tuple[Any, str | None]:
     """(data, problem): problem is None when the file was read and parsed."""
