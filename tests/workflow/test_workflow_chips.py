@@ -144,4 +144,4 @@ def test_report_shows_the_multi_rank_runs(tmp_path: Path):
     out = R.render_html(res, tmp_path / "figures", tmp_path / "report.html")
     html = out.read_text()
     assert "Several ranks (2 ok, 0 oom, 1 error)" in html
-    assert "1600" in html and "0.80" in html
+    assert "1,600" in html and "0.800" in html  # aggregate tokens/s and scaling, to 3 significant digits
