@@ -12,7 +12,21 @@ for p in (str(ROOT), str(Path(__file__).parent)):
     if p not in sys.path:
         sys.path.insert(0, p)
 
-
 @pytest.fixture
 def results_dir(tmp_path: Path) -> Path:
     return tmp_path / "results"
+
+
+@pytest.fixture(scope="session")
+def smoke_results(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One `snakemake all` of the shrunken smoke sweep per test session (a few minutes on 2 cores), shared by
+    the end-to-end test and the browser test of its report. Returns the results root (the sweep's folder
+    is ``cpu_smoke`` under it)."""
+    import torch
+    from wf_helpers import SMOKE_CONFIG, snakemake
+
+    if torch.cuda.is_available():
+        pytest.skip("the end-to-end smoke run is the CPU sweep; a GPU machine would run its real sweep")
+    results = tmp_path_factory.mktemp("smoke") / "results"
+    snakemake("all", "--cores", "2", "--config", f"results_dir={results}", *SMOKE_CONFIG, timeout=420)
+    return results

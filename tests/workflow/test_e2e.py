@@ -1,33 +1,17 @@
 """One end-to-end `snakemake all` on a shrunken smoke sweep (2 timed steps, torch + superoffload, one rank
-and two)."""
+and two): the session's `smoke_results` run (conftest.py), which the browser test also opens."""
 
 from __future__ import annotations
 
 import json
 
-import pytest
-from wf_helpers import snakemake
+from wf_helpers import SMOKE_CONFIG, snakemake
 
 from reports import data as D
 
 
-def test_snakemake_all_smoke(results_dir):
-    import torch
-
-    if torch.cuda.is_available():
-        pytest.skip("the end-to-end smoke run is the CPU sweep; a GPU machine would run its real sweep")
-    snakemake(
-        "all",
-        "--cores",
-        "2",
-        "--config",
-        f"results_dir={results_dir}",
-        "steps_override=2",
-        "warmup_override=0",
-        "only_systems=[torch,superoffload]",
-        "only_models=[gpt-tiny]",
-        timeout=420,
-    )
+def test_snakemake_all_smoke(smoke_results):
+    results_dir = smoke_results
     res = results_dir / "cpu_smoke"
     html = (res / "report.html").read_text()
     assert "cpu_smoke" in html and "no CUDA GPU" in html
@@ -60,15 +44,5 @@ def test_snakemake_all_smoke(results_dir):
     assert "git_commit" in prov and (res / "provenance/pip_freeze.txt").stat().st_size > 0
     assert len(list((res / "figures").glob("*.svg"))) >= 8
     # a second invocation has nothing to do
-    again = snakemake(
-        "all",
-        "--cores",
-        "2",
-        "--config",
-        f"results_dir={results_dir}",
-        "steps_override=2",
-        "warmup_override=0",
-        "only_systems=[torch,superoffload]",
-        "only_models=[gpt-tiny]",
-    )
+    again = snakemake("all", "--cores", "2", "--config", f"results_dir={results_dir}", *SMOKE_CONFIG)
     assert "Nothing to be done" in again.stdout + again.stderr

@@ -12,6 +12,9 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
+# The shrunken smoke sweep of the end-to-end run (conftest.py's smoke_results), whose report the browser test opens
+SMOKE_CONFIG = ("steps_override=2", "warmup_override=0", "only_systems=[torch,superoffload]",
+                "only_models=[gpt-tiny]")
 
 
 def snakemake(*args: str, timeout: float = 120, check: bool = True,
