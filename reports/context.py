@@ -148,8 +148,17 @@ SEQLEN_COLUMNS = [
 ]
 
 
-def seqlen_table(rows: list[dict[str, Any]]) -> T.Table:
-    return T.build(rows, SEQLEN_COLUMNS, row_class=lambda r: STATUS_CLASS.get(r["status"], ""), keep_empty_rows=True)
+def seqlen_table(rows: list[dict[str, Any]], dnf: dict | None = None) -> T.Table:
+    """The sequence-parallel points; a predicted point that does not fit says which memory it overflows, in
+    a neutral row (it is infeasible by design, not a failed run)."""
+    shown = []
+    for r in rows:
+        if r["kind"] == "predicted" and r["status"] == "oom":
+            b = (dnf or {}).get(("fig12", f"{r['model']} seq {r['seq']} {r['system']}", r["chips"]))
+            r = {**r, "status": does_not_fit_cell(b)[0]}
+        shown.append(r)
+    return T.build(shown, SEQLEN_COLUMNS, row_class=lambda r: STATUS_CLASS.get(r["status"], ""),
+                   keep_empty_rows=True)
 
 
 # --- predictions -----------------------------------------------------------------------------------------
@@ -402,7 +411,7 @@ def build_context(results: dict, figure_files: dict[str, Path]) -> dict[str, Any
         },
         "seqlen": {
             "rows": seqlen_rows,
-            "table": seqlen_table(seqlen_rows),
+            "table": seqlen_table(seqlen_rows, _does_not_fit(results)),
             "counts": D.status_counts([r for r in results.get("multi_runs", []) if D.sp_of(r) > 1]),
             "paper": D.FIG12_PAPER,
         },

@@ -189,7 +189,7 @@ def plan_row(name: str, plan: dict[str, Any]) -> dict[str, Any]:
         choices.append(f"{k.replace('_', ' ')} {v}")
     return {"point": f"{plan.get('model', name)} seq {plan.get('seq')} batch {plan.get('batch')}"
             + (f" on {plan['chips']} chips" if (plan.get("chips") or 1) > 1 else ""),
-            "status": "plan", "step": seconds(p.get("step_time_s")), "tokens": fm.sig(p.get("tokens_per_s")),
+            "status": "ok", "step": seconds(p.get("step_time_s")), "tokens": fm.sig(p.get("tokens_per_s")),
             "tflops": fm.sig(p.get("tflops")), "mfu": fm.pct(p.get("mfu")), "hbm": fm.nbytes(p.get("peak_hbm_bytes")),
             "host": fm.nbytes(p.get("host_bytes")), "choices": "; ".join(choices),
             "reasons": [str(x) for x in plan.get("reasons") or []]}

@@ -162,6 +162,7 @@ def test_seqlen_figure_and_report(seqlen_results: Path, tmp_path: Path):
     html = R.render_html(seqlen_results, tmp_path / "figs", tmp_path / "report.html").read_text()
     assert "Long sequences: Ulysses sequence parallelism (1 ok, 1 oom, 1 error)" in html
     assert "no prediction: not a Fig 12 point" in html and "OOM (predicted)" in html
+    assert '<span class="badge nab">does not fit</span>' in html  # infeasible by design: neutral, not an oom run
     ctx = R.build_context(results, {})
     (row,) = [r for r in ctx["paper_comparison"]["rows"] if r["point"] == "gpt-13b seq 1048576 superoffload"
               and r["paper"] == 0.55]
