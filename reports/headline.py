@@ -249,7 +249,7 @@ def largest(results: dict[str, Any]) -> dict[str, Any]:
         table.append(row)
     return {"chips": chips, "rows": table, "why": _largest_why(rows, 1) if 1 in chips else [],
             "hardware": rows[0].get("hardware", "") if rows else "",
-            "error": (results["paper_comparison"].get("data") or {}).get("largest_error", "")}
+            "error": (results["paper_comparison"].get("data") or {}).get("binding_error", "")}
 
 
 def _largest_why(rows: list[dict[str, Any]], chips: int) -> list[str]:

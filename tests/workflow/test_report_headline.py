@@ -160,3 +160,14 @@ def test_largest_rows_say_what_binds_one_block_later():
         b = r["binding"]
         assert b["memory"] in ("host", "device"), r
         assert b["need_bytes"] > b["capacity_bytes"] and b["at_params"] > r["params"], r
+
+
+def test_points_that_do_not_fit_say_which_memory():
+    """binding.does_not_fit against the planner: Fig 10's points predicted OOM overflow a memory it names,
+    and a point that fits is not listed."""
+    rows = [_pc_row("fig10", "gpt-25b torch", "model_tflops", None, note="OOM"),
+            _pc_row("fig10", "gpt-1b torch", "model_tflops", 480.0),
+            _pc_row("fig13", "1 chip torch", "largest_model_B", 5.0, 3.5, "S")]
+    (only,) = binding.does_not_fit(rows)
+    assert only["point"] == "gpt-25b torch" and only["binding"]["memory"] == "device"
+    assert only["binding"]["need_bytes"] > only["binding"]["capacity_bytes"]
