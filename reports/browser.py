@@ -54,9 +54,15 @@ Promise.all(images.map(i => i.decode().then(() => null, () => i))).then(failed =
   const wide = [...document.querySelectorAll('table')]
     .filter(t => { const r = t.getBoundingClientRect(); return r.right > vw + 1 || r.left < -1; })
     .map(t => label(t) + ': ' + Math.round(t.getBoundingClientRect().width) + ' px');
+  // the innermost elements past the right edge: what makes a page wider than the window
+  // (an element's content may overflow its box, a <pre> say: its scroll width counts)
+  const right = e => Math.max(e.getBoundingClientRect().right, e.getBoundingClientRect().left + e.scrollWidth);
+  const past = [...document.body.querySelectorAll('*')]
+    .filter(e => right(e) > vw + 1 && ![...e.children].some(c => right(c) > vw + 1))
+    .slice(0, 5).map(e => e.tagName.toLowerCase() + ': ' + (e.textContent || '').trim().slice(0, 60));
   const broken = images.filter((i, k) => failed[k] || !i.complete || i.naturalWidth === 0)
     .map(i => i.alt || i.src.slice(0, 60));
-  const result = {wide: wide, broken: broken, text: document.body.innerText, viewport: vw,
+  const result = {wide: wide, broken: broken, past: past, text: document.body.innerText, viewport: vw,
                   pageWidth: document.documentElement.scrollWidth, pageHeight: document.documentElement.scrollHeight,
                   images: images.length, tables: document.querySelectorAll('table').length};
   details.forEach((d, k) => { d.open = wasOpen[k]; });
@@ -72,6 +78,7 @@ class Findings:
     broken_images: list[str] = field(default_factory=list)
     wide_tables: list[str] = field(default_factory=list)
     bad_text: list[str] = field(default_factory=list)
+    past_the_edge: list[str] = field(default_factory=list)  # elements beyond the window's right edge
     page_width: int = 0
     viewport: int = 0
     images: int = 0
@@ -84,7 +91,8 @@ class Findings:
         out += [f"image did not load: {i}" for i in self.broken_images]
         out += [f"table wider than the page: {t}" for t in self.wide_tables]
         if self.page_width > self.viewport + 1:
-            out.append(f"page wider than the window: {self.page_width} px > {self.viewport} px")
+            out.append(f"page wider than the window: {self.page_width} px > {self.viewport} px "
+                       f"({'; '.join(self.past_the_edge) or 'no element named'})")
         out += [f"raw value in the page: {t}" for t in self.bad_text]
         return out
 
@@ -154,7 +162,8 @@ def check(html_path: str | Path, screenshot: str | Path | None = None, full_page
             probe = drv.execute_async_script(PROBE)
             found = Findings(page_width=int(probe["pageWidth"]), viewport=int(probe["viewport"]),
                              images=int(probe["images"]), tables=int(probe["tables"]),
-                             wide_tables=list(probe["wide"]), broken_images=list(probe["broken"]))
+                             wide_tables=list(probe["wide"]), broken_images=list(probe["broken"]),
+                             past_the_edge=list(probe["past"]))
             found.console_errors = [e.get("message", "") for e in drv.get_log("browser") if e.get("level") == "SEVERE"]
             text = probe["text"]
             found.bad_text = [_context_of(text, m) for m in BAD_TEXT.finditer(text)]

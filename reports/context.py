@@ -76,9 +76,12 @@ def _note(r: dict[str, Any]) -> str:
 
 
 def _spread(r: dict[str, Any]) -> str | None:
-    if r.get("step_p10_s") is None:
+    """"120 (113–138)": the median step in ms with its p10-p90 spread, one column for both."""
+    if r.get("step_median_s") is None:
         return None
-    return f"{fm.ms(r['step_p10_s'])}–{fm.ms(r['step_p90_s'])}"
+    if r.get("step_p10_s") is None:
+        return fm.ms(r["step_median_s"])
+    return f"{fm.ms(r['step_median_s'])} ({fm.ms(r['step_p10_s'])}–{fm.ms(r['step_p90_s'])})"
 
 
 SUMMARY_COLUMNS = [
@@ -90,8 +93,8 @@ SUMMARY_COLUMNS = [
     T.Column("status", "status", badge=True),
     T.Column("tokens_per_s", "tokens/s", fm.sig), T.Column("tflops", "TFLOPS", fm.sig),
     T.Column("mfu", "MFU", fm.pct), T.Column("hfu", "HFU", fm.pct),
-    T.Column("step_median_s", "step ms", fm.ms), T.Column("spread", "p10–p90 ms"),
-    T.Column("peak_device_bytes", "peak device", fm.nbytes), T.Column("peak_host_rss_bytes", "host RSS", fm.nbytes),
+    T.Column("spread", "step ms (p10–p90)"), T.Column("peak_device_bytes", "peak device", fm.nbytes),
+    T.Column("peak_host_rss_bytes", "host RSS", fm.nbytes),
     T.Column("energy_j_per_step", "J/step", fm.sig), T.Column("speedup", "vs torch", fm.ratio),
     T.Column("note", "note", left=True),
 ]
@@ -118,8 +121,8 @@ MULTI_COLUMNS = [
     T.Column("tokens_per_s", "tokens/s per device", fm.sig),
     T.Column("aggregate_tokens_per_s", "aggregate tokens/s", fm.sig),
     T.Column("one_rank_tokens_per_s", "1 rank tokens/s", fm.sig), T.Column("scaling", "scaling", fm.sig),
-    T.Column("mfu", "MFU/device", fm.pct), T.Column("step_median_s", "step ms", fm.ms),
-    T.Column("spread", "p10–p90 ms"), T.Column("per_rank", "per rank: cores, host threads, step ms, host step",
+    T.Column("mfu", "MFU/device", fm.pct), T.Column("spread", "step ms (p10–p90)"),
+    T.Column("per_rank", "per rank: cores, host threads, step ms, host step",
                                                 left=True),
     T.Column("note", "note", left=True),
 ]
@@ -383,7 +386,7 @@ def build_context(results: dict, figure_files: dict[str, Path]) -> dict[str, Any
             "steps": fm.text(sweep.get("steps")), "warmup": fm.text(sweep.get("warmup")),
             "dtype": fm.text((sweep.get("settings") or {}).get("dtype")),
             "launcher": sweep.get("launcher") or "",
-            "hardware_key": sweep.get("hardware_key", ""),
+            "hardware_key": fm.text(sweep.get("hardware_key")),
             "filters": ", ".join(f"{k}={','.join(sweep[k])}" for k in ("only_systems", "only_models") if sweep.get(k)),
         },
         "hardware": {"device": device, "cpu": hw.get("cpu", "unknown"), "cpu_count": fm.text(hw.get("cpu_count")),

@@ -27,6 +27,7 @@ class Column:
 class Cell:
     text: str
     left: bool = False
+    key: bool = False  # a key column's text cell (system, model, claim): wraps only between words
     badge: str = ""  # badge class ("" = a plain cell)
     title: str = ""
     strong: bool = False
@@ -84,10 +85,10 @@ def build(rows: Iterable[dict[str, Any]], columns: list[Column], *, row_class: C
     kept_cols = [j for j, c in enumerate(columns) if any(not empty(texts[i][j]) for i in kept_rows)]
     table = Table(
         columns=[columns[j] for j in kept_cols],
-        rows=[[Cell(texts[i][j], columns[j].left,
-                    badge_class(texts[i][j]) if columns[j].badge and not empty(texts[i][j]) else "",
-                    titles(rows[i], columns[j].key) if titles else "",
-                    bool(strong and strong(rows[i], columns[j].key)))
+        rows=[[Cell(texts[i][j], columns[j].left, columns[j].key_column and columns[j].left,
+                    badge=badge_class(texts[i][j]) if columns[j].badge and not empty(texts[i][j]) else "",
+                    title=titles(rows[i], columns[j].key) if titles else "",
+                    strong=bool(strong and strong(rows[i], columns[j].key)))
                for j in kept_cols] for i in kept_rows],
         row_classes=[row_class(rows[i]) if row_class else "" for i in kept_rows],
         left_out_columns=[columns[j].header for j in range(len(columns)) if j not in kept_cols and kept_rows],
