@@ -243,13 +243,21 @@ def largest(results: dict[str, Any]) -> dict[str, Any]:
             elif not r.get("params"):
                 row[f"c{c}"] = "nothing fits"
             else:
-                row[f"c{c}"] = (f"{fm.params(r['params'])} ({r['zoo_model']}, {r['layers']} layers); "
+                row[f"c{c}"] = (f"{fm.params(r['params'])} ({_grown(r)}); "
                                 f"{binding_text(r.get('binding'), short=True)} binds")
             row[f"b{c}"] = binding_text((r or {}).get("binding"))
         table.append(row)
     return {"chips": chips, "rows": table, "why": _largest_why(rows, 1) if 1 in chips else [],
             "hardware": rows[0].get("hardware", "") if rows else "",
             "error": (results["paper_comparison"].get("data") or {}).get("binding_error", "")}
+
+
+def _grown(r: dict[str, Any]) -> str:
+    """"gpt-30b + 4 blocks" (the zoo model grown by whole blocks), "gpt-25b" when it could not grow."""
+    extra = (r.get("layers") or 0) - (r.get("zoo_layers") or r.get("layers") or 0)
+    if not r.get("zoo_layers"):  # an older predictions file: the layer count only
+        return f"{r['zoo_model']}, {r['layers']} layers"
+    return f"{r['zoo_model']} + {extra} block{'s' if extra != 1 else ''}" if extra > 0 else str(r["zoo_model"])
 
 
 def _largest_why(rows: list[dict[str, Any]], chips: int) -> list[str]:
@@ -261,12 +269,12 @@ def _largest_why(rows: list[dict[str, Any]], chips: int) -> list[str]:
             continue
         b = r.get("binding") or {}
         per = fm.value(b.get("bytes_per_param"))
-        groups[(r["params"], r["zoo_model"], b.get("memory"), round(per, 2) if per is not None else None,
+        groups[(r["params"], _grown(r), b.get("memory"), round(per, 2) if per is not None else None,
                 b.get("need_bytes"), b.get("capacity_bytes"))].append(r["system"])
     out = []
-    for (params, zoo, memory, per, need, cap), systems in sorted(groups.items(), key=lambda kv: -kv[0][0]):
+    for (params, grown, memory, per, need, cap), systems in sorted(groups.items(), key=lambda kv: -kv[0][0]):
         who = ", ".join(system_name(s) for s in sorted(systems, key=D.system_key))
-        text = f"{who}: {fm.params(params)} ({zoo} grown by whole blocks)"
+        text = f"{who}: {fm.params(params)} ({grown})"
         if memory and memory != "none":
             text += (f"; {memory} memory binds: one block more needs {fm.nbytes(need)} of {fm.nbytes(cap)}"
                      + (f", {fm.sig(per)} bytes per parameter" if per is not None else ""))

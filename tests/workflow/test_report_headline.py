@@ -37,7 +37,7 @@ def _pc_row(figure, point, metric, predicted, paper=None, status="missing", note
 
 
 def _largest(system, chips, params, memory, need, cap):
-    return {"system": system, "chips": chips, "zoo_model": "gpt-30b", "params": params, "layers": 40,
+    return {"system": system, "chips": chips, "zoo_model": "gpt-30b", "zoo_layers": 36, "params": params, "layers": 40,
             "binding": {"memory": memory, "need_bytes": need, "capacity_bytes": cap,
                         "bytes_per_param": need / (params * 1.02), "at_params": params * 1.02},
             "hardware": "gh200"}
@@ -114,7 +114,7 @@ def test_the_headline_comes_from_the_data(results: Path, tmp_path: Path):
     # predicted (Fig 10): 500 / 200 at 1b; 2b fits only SuperOffload
     assert zo[2] == "2.50x (1 size); 1 size only SuperOffload fits"
     why = ctx["headline"]["largest"]["why"]
-    assert why[0].startswith("SuperOffload (ours): 32.6B") and "host memory binds" in why[0]
+    assert why[0].startswith("SuperOffload (ours): 32.6B (gpt-30b + 4 blocks)") and "host memory binds" in why[0]
     assert "489 GB of 480 GB" in why[0]
     assert why[-1].startswith("PyTorch, no offload: 5.49B") and "device memory binds" in why[-1]
     claims = {(c["claim"]): c for c in H.claims(ctx["paper_comparison"]["rows"], {}, False)}

@@ -85,8 +85,9 @@ def largest_rows(hardware: str = "gh200", chip_counts: tuple[int, ...] | None = 
             nxt = replace(base, layers=layers + 1)
             per_node = PP.FIG13_LAYOUT.get(chips) if chips > 1 else None
             b = binding(system, nxt, hw, PP.FIG13_SEQ, PP.FIG13_BATCH, chips, per_node)
-            rows.append({"system": system, "chips": chips, "zoo_model": zoo, "params": params, "layers": layers,
-                         "binding": {**b, "at_params": nxt.total_params()}, "hardware": hw.name})
+            rows.append({"system": system, "chips": chips, "zoo_model": zoo, "zoo_layers": base.layers,
+                         "params": params, "layers": layers, "binding": {**b, "at_params": nxt.total_params()},
+                         "hardware": hw.name})
     return rows
 
 

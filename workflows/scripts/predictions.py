@@ -1,7 +1,8 @@
 """Predicted paper figures: superoffload.planner.paper.paper_comparison() rows, the largest model per
 system and chip count with the memory that binds it, the memory each point that does not fit overflows
-(binding.py), and the preset hardware profile they assume, in one JSON file. Degrades to {"status": "unavailable"} while the planner part is
-not installed, so the report shows "not available" instead of failing."""
+(binding.py), and the preset hardware profile they assume, in one JSON file. Degrades to
+{"status": "unavailable"} while the planner part is not installed, so the report shows "not available"
+instead of failing."""
 
 from __future__ import annotations
 
