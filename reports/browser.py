@@ -102,7 +102,8 @@ def browser_paths() -> tuple[str, str] | str:
     SUPEROFFLOAD_CHROMEDRIVER name other binaries."""
     chromium = os.environ.get("SUPEROFFLOAD_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
     driver = os.environ.get("SUPEROFFLOAD_CHROMEDRIVER") or shutil.which("chromedriver")
-    missing = [name for name, path in (("chromium", chromium), ("chromedriver", driver)) if not path]
+    missing = [name for name, path in (("chromium", chromium), ("chromedriver", driver))
+               if not path or not os.access(path, os.X_OK)]
     if missing:
         return (f"{' and '.join(missing)} not found (Debian: apt-get install chromium chromium-driver; "
                 ".ci/run installs them)")
