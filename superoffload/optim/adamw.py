@@ -268,6 +268,7 @@ class AdamW(torch.optim.Optimizer):
         """One optimizer step over the gradients of the backward passes since the last one (a no-op when
         there were none, as in torch). With a closure: it is called (with grad enabled) first, and its
         loss returned."""
+        clip_hook.wrap_accelerate()  # accelerate imported after this optimizer was built (optim/clip.py)
         loss = None
         if closure is not None:
             with torch.enable_grad():

@@ -10,11 +10,17 @@ returns is filled with the engine's global norm. Any other call goes through unc
 helpers, not the public function, also covers a `from torch.nn.utils import clip_grad_norm_` made
 before superoffload was imported. Where a torch build lacks the helpers, the public names are wrapped
 instead (then only calls through `torch.nn.utils.clip_grad_norm_` are seen).
+
+Accelerate's `Accelerator.clip_grad_norm_` no longer goes through torch's function (seen with accelerate
+1.16: a DTensor-aware path that keeps only parameters whose `.grad` is set, finds none, returns 0 and
+clips nothing), so it is wrapped the same way (`wrap_accelerate`): at install when accelerate is
+imported, and again at every superoffload.AdamW step for a script that imports accelerate later.
 """
 
 from __future__ import annotations
 
 import functools
+import sys
 import threading
 import weakref
 from typing import Any
@@ -55,6 +61,33 @@ def install() -> None:
             _wrap_helpers()
         else:  # pragma: no cover - torch < 2.6
             _wrap_public()
+    wrap_accelerate()
+
+
+def wrap_accelerate() -> None:
+    """Route `Accelerator.clip_grad_norm_` over a superoffload.AdamW's parameters to the engine (once;
+    nothing happens while accelerate is not imported)."""
+    module = sys.modules.get("accelerate.accelerator")
+    cls = getattr(module, "Accelerator", None)
+    if cls is None or getattr(cls.clip_grad_norm_, "_superoffload", False):
+        return
+    original = cls.clip_grad_norm_
+
+    @functools.wraps(original)
+    def clip_grad_norm_(self: Any, parameters: Any, max_norm: float, norm_type: float = 2) -> Any:
+        params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+        opt = owner(params)
+        if opt is None:
+            return original(self, params, max_norm, norm_type)
+        self.unscale_gradients()  # what accelerate does first (a no-op without a gradient scaler)
+        total = torch.tensor(0.0)
+        opt._take_clip_from_torch(params, float(max_norm), total, float(norm_type), False)
+        return total
+
+    clip_grad_norm_._superoffload = True  # type: ignore[attr-defined]
+    with _lock:
+        if not getattr(cls.clip_grad_norm_, "_superoffload", False):
+            cls.clip_grad_norm_ = clip_grad_norm_
 
 
 def _wrap_helpers() -> None:
