@@ -150,6 +150,9 @@ class Bucket:
         self._present_idx: set[int] = set()
         self.launched = False
         self.ready = 0
+        # parameters whose gradient this bucket's last launch read and kept (a split parameter's later
+        # pieces had not launched yet): parameter index -> its gradient generation then (engine._launch)
+        self.kept: dict[int, int] = {}
         # upload ring (config upload_slots > 0): the slot this bucket publishes through, and whether the
         # speculative step may fill it during backward (the first buckets in forward order)
         self.ring: Any = None
@@ -176,6 +179,19 @@ class Bucket:
 
     def home_shard(self) -> torch.Tensor:
         return self.home if self.flowed else self.home[self.lo: self.hi]
+
+    @property
+    def master(self) -> torch.Tensor:
+        """This rank's fp32 master shard, on the host or (a tail bucket) on the device."""
+        return self.tail["master"] if self.tail is not None else self.host.master
+
+    def state(self) -> dict[str, torch.Tensor]:
+        """This rank's optimizer state shards by name (master, exp_avg, exp_avg_sq[, max_exp_avg_sq])."""
+        if self.tail is not None:
+            return {k: t for k, t in self.tail.items() if k != "grad"}
+        h = self.host
+        return {k: t for k, t in (("master", h.master), ("exp_avg", h.exp_avg), ("exp_avg_sq", h.exp_avg_sq),
+                                  ("max_exp_avg_sq", h.max_exp_avg_sq)) if t is not None}
 
     # --- task bookkeeping (training thread) --------------------------------------------------------
     def expect_upload(self) -> None:
@@ -309,7 +325,7 @@ class Bucket:
         direct = self._direct_target()
         if direct is None:
             return False
-        self._before_home_write()
+        self.before_home_write()
         self._run_kernel(scale, hps, steps, commit=True, out=direct)
         self._publish(None)
         return True
@@ -318,7 +334,14 @@ class Bucket:
         # a previous non-blocking H2D may still be reading `upload` (or the ring slot, which another bucket
         # published through); don't overwrite it under the DMA
         if self.ring is not None:
-            self.ctx.device.sync_event(self.ring.free_event[self.ring_slot], "host: upload slot free")
+            # a slot whose last H2D is still running: the ring is too shallow for the link (counted, so a
+            # starved ring shows in the record: stats["upload_ring"])
+            event = self.ring.free_event[self.ring_slot]
+            busy = not event.query()
+            t0 = time.perf_counter()
+            self.ctx.device.sync_event(event, "host: upload slot free")
+            self.ctx.counters.add(upload_slot_uses=1, upload_slot_waits=int(busy),
+                                  upload_slot_wait_s=time.perf_counter() - t0)
         else:
             self.ctx.device.sync_event(self.upload_event, "host: upload buffer free")
 
@@ -412,7 +435,7 @@ class Bucket:
         self._run_kernel(scale, hps, steps, commit=True, out=None)
         self.ctx.counters.add(commit_s=time.perf_counter() - t0)
 
-    def _before_home_write(self) -> None:
+    def before_home_write(self) -> None:
         """A flowed bucket's host store may still be read by a fetch in flight."""
         if self.flowed and self.ctx.flow_sink is not None:
             self.ctx.flow_sink.before_store_write(self)
@@ -426,7 +449,7 @@ class Bucket:
         t0 = time.perf_counter()
         nbytes = 0
         if src is not None:
-            self._before_home_write()
+            self.before_home_write()
         with dev.stream(stream):
             if src is not None:
                 dst = self.home_shard()

@@ -20,6 +20,11 @@ def _aligned(nbytes: int) -> int:
     return -(-nbytes // HOST_ALIGN) * HOST_ALIGN
 
 
+def aligned_bytes(req: ArenaRequest) -> int:
+    """The bytes a request takes in its arena (each view starts on a HOST_ALIGN boundary)."""
+    return _aligned(req.nbytes)
+
+
 @dataclass
 class ArenaRequest:
     """One typed buffer wanted from an arena: `numel` elements of `dtype`; filled in by `carve`."""

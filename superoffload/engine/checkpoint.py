@@ -1,16 +1,19 @@
 """The engine's checkpoint format: per-parameter optimizer state, as each rank owns it.
 
-A rank owns one contiguous element range of each parameter (its shard of the parameter's bucket meets
-the parameter in one range, possibly empty); `state_dict()` holds, per parameter name, that range and
-the fp32 master, moments and step count over it. So the format does not depend on how parameters are
-packed into buckets, and:
-- resuming at the same world size loads each rank's own dict (bit-exact: the saved arrival order
-  rebuilds the same buckets, so even the norm's summation order is the same);
-- resuming at another world size loads the list of every rank's dicts (or the one dict of a
-  single-rank run) and each rank takes its new ranges from the assembled tensors;
+A rank owns element ranges of each parameter: where its shard of each bucket meets the parameter's
+pieces (one range for a parameter in one bucket, possibly empty; one per bucket for a parameter split
+across buckets). `state_dict()` holds, per parameter name, those `ranges` and the fp32 master, moments
+and step count over them (concatenated in range order). So the format does not depend on how
+parameters are packed into buckets, and:
+- resuming with the same layout and world size loads each rank's own dict (bit-exact: the saved arrival
+  order rebuilds the same buckets, so even the norm's summation order is the same);
+- resuming at another world size or with another bucket layout (another `bucket_size`) loads the list
+  of every rank's dicts (or the one dict of a single-rank run) and each rank takes its new ranges from
+  the assembled tensors (`load_checkpoint` chooses);
 - `param_state(...)` assembles full per-parameter tensors from one or all ranks' dicts (tests, export).
 
-Version-1 dicts (whole parameters, written before sharding existed) load as one rank's full ranges.
+Version-2 dicts (one `range` per parameter) and version-1 dicts (whole parameters, written before
+sharding existed) load too.
 """
 
 from __future__ import annotations
@@ -28,22 +31,34 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-VERSION = 2
+VERSION = 3
 STATE_KEYS = ("master", "exp_avg", "exp_avg_sq", "max_exp_avg_sq")
 
+Owned = list[tuple[int, int, dict[str, torch.Tensor]]]  # (start, end, {state key: this rank's view}) per range
 
-def _owned(eng: SuperOffloadEngine) -> dict[int, tuple[int, int, dict[str, torch.Tensor]]]:
-    """slot index -> (start, end, {state key: tensor over [start, end)}) for the slots in buckets."""
-    out: dict[int, tuple[int, int, dict[str, torch.Tensor]]] = {}
-    for b in [*eng.buckets, *(b for b in eng._flow_buckets if b not in eng.buckets)]:
-        src = b.tail if b.tail is not None else {k: getattr(b.host, k) for k in STATE_KEYS}
-        for s in b.slots:
-            a, e = max(s.offset, b.lo), min(s.offset + s.numel, b.hi)
-            if a >= e:
-                a = e = 0
-            out[s.index] = (a - s.offset, e - s.offset,
-                            {k: t[a - b.lo: e - b.lo] for k, t in src.items() if t is not None and k in STATE_KEYS})
+
+def _owned(eng: SuperOffloadEngine) -> dict[int, Owned]:
+    """slot index -> the element ranges of the parameter this rank holds state for, in element order,
+    with views of that state; for the parameters in buckets (none before the layout is built)."""
+    out: dict[int, Owned] = {}
+    for b in eng.all_buckets():
+        state = b.state()
+        for pc in b.slots:
+            o = pc.overlap(b.lo, b.hi)
+            if o is None:
+                continue
+            a, e, start = o
+            out.setdefault(pc.index, []).append(
+                (start, start + e - a, {k: t[a - b.lo: e - b.lo] for k, t in state.items() if k in STATE_KEYS}))
+    for s in eng.slots:
+        if s.pieces and s.index not in out:
+            out[s.index] = []  # laid out, and none of it is this rank's
+        out.get(s.index, []).sort(key=lambda r: r[0])
     return out
+
+
+def _ranges(owned: Owned) -> list[tuple[int, int]]:
+    return [(a, e) for a, e, _ in owned]
 
 
 def engine_state_dict(eng: SuperOffloadEngine) -> dict[str, Any]:
@@ -55,13 +70,16 @@ def engine_state_dict(eng: SuperOffloadEngine) -> dict[str, Any]:
     params = {}
     for s in eng.slots:
         if s.index in owned:
-            a, e, ts = owned[s.index]
-            entry: dict[str, Any] = {k: t.detach().to("cpu").clone() for k, t in ts.items()}
+            parts = owned[s.index]
+            keys = STATE_KEYS if eng.config.optimizer.amsgrad else STATE_KEYS[:3]
+            entry: dict[str, Any] = {k: torch.cat([ts[k].detach().to("cpu") for _, _, ts in parts])
+                                     if parts else torch.zeros(0) for k in keys}
+            ranges = _ranges(parts)
         else:  # before the layout is measured: the full master, moments not started
-            a, e = 0, s.numel
+            ranges = [(0, s.numel)]
             entry = {"master": eng._pending_master[s.index].clone(),
                      "exp_avg": torch.zeros(s.numel), "exp_avg_sq": torch.zeros(s.numel)}
-        entry.update(range=(a, e), numel=s.numel, shape=tuple(s.shape), step=eng.steps[s.index])
+        entry.update(ranges=ranges, numel=s.numel, shape=tuple(s.shape), step=eng.steps[s.index])
         params[s.name] = entry
     sd: dict[str, Any] = {
         "version": VERSION, "world_size": eng.comm.world, "rank": eng.comm.rank, "params": params,
@@ -86,11 +104,16 @@ def _as_list(sd: dict[str, Any] | Sequence[dict[str, Any]]) -> list[dict[str, An
     for d in sds:
         v = d.get("version")
         if v == 1:  # whole parameters, one rank
-            params = {n: {**e, "range": (0, e["master"].numel()), "numel": e["master"].numel(),
+            params = {n: {**e, "ranges": [(0, e["master"].numel())], "numel": e["master"].numel(),
                           "shape": tuple(e["master"].shape)} for n, e in d["params"].items()}
             d = {**d, "version": VERSION, "world_size": 1, "rank": 0, "params": params}
+        elif v == 2:  # one range per parameter
+            params = {n: {**{k: x for k, x in e.items() if k != "range"},
+                          "ranges": [tuple(e["range"])] if e["range"][0] < e["range"][1] else []}
+                      for n, e in d["params"].items()}
+            d = {**d, "version": VERSION, "params": params}
         elif v != VERSION:
-            raise ValueError(f"unsupported engine state_dict version {v!r} (this engine reads 1 and {VERSION})")
+            raise ValueError(f"unsupported engine state_dict version {v!r} (this engine reads 1 to {VERSION})")
         out.append(d)
     return out
 
@@ -108,10 +131,12 @@ def param_state(sd: dict[str, Any] | Sequence[dict[str, Any]]) -> dict[str, dict
         covered = torch.zeros(numel, dtype=torch.bool)
         for d in sds:
             e = d["params"][name]
-            a, b = e["range"]
-            for k in keys:
-                full[k][a:b] = e[k].reshape(-1)
-            covered[a:b] = True
+            at = 0
+            for a, b in e["ranges"]:
+                for k in keys:
+                    full[k][a:b] = e[k].reshape(-1)[at: at + b - a]
+                covered[a:b] = True
+                at += b - a
         if not bool(covered.all()):
             raise ValueError(f"the state_dicts given do not cover all of {name}; pass every rank's state_dict")
         out[name] = {**{k: v.view(shape) for k, v in full.items()}, "step": int(first["step"])}
@@ -162,15 +187,13 @@ def load_engine_state_dict(eng: SuperOffloadEngine, sd: dict[str, Any] | Sequenc
                          "rank): resume it at the same world size, or save after step()")
     eng.synchronize()
     by_name = {s.name: s.index for s in eng.slots}
-    order = [by_name[n] for n in sds[0].get("arrival_order", [])]
-    measured = bool(sds[0].get("layout_measured", False)) and sorted(order) == list(range(len(eng.slots)))
-    if measured and not eng.layout_measured:
-        eng._build_layout(order)
-    elif measured and order != eng.order:
-        log.warning("resuming into a different bucket layout than the checkpoint's: the state is exact, but the "
-                    "gradient norm is summed in another order, so clipping may differ in the last bits")
-    full = param_state(sds) if not same_rank else None
-    _write_state(eng, sds[0] if same_rank else None, full)
+    prepare_layout(eng, sds[0])
+    own = sds[0] if same_rank and own_ranges_match(eng, sds[0]) else None
+    if same_rank and own is None and sds[0]["world_size"] != 1:
+        raise ValueError("this rank's state_dict holds other element ranges than this engine's bucket layout "
+                         "(another bucket_size or device_tail_buckets?): pass the list of every rank's "
+                         "state_dicts to re-shard")
+    _write_state(eng, own, param_state(sds) if own is None else None)
     for s in eng.slots:
         eng.steps[s.index] = int(sds[0]["params"][s.name]["step"])
     for g, saved_g in zip(eng.optimizer.param_groups, sds[0]["param_groups"], strict=True):
@@ -187,6 +210,29 @@ def load_engine_state_dict(eng: SuperOffloadEngine, sd: dict[str, Any] | Sequenc
     eng._versions = eng._weight_versions()
 
 
+def prepare_layout(eng: SuperOffloadEngine, sd: dict[str, Any]) -> None:
+    """Build the bucket layout from the checkpoint's measured arrival order, if not built yet."""
+    by_name = {s.name: s.index for s in eng.slots}
+    order = [by_name[n] for n in sd.get("arrival_order", []) if n in by_name]
+    measured = bool(sd.get("layout_measured", False)) and sorted(order) == list(range(len(eng.slots)))
+    if measured and not eng.layout_measured:
+        eng._build_layout(order)
+    elif measured and order != eng.order:
+        log.warning("resuming into a different bucket layout than the checkpoint's: the state is exact, but the "
+                    "gradient norm is summed in another order, so clipping may differ in the last bits")
+
+
+def own_ranges_match(eng: SuperOffloadEngine, sd: dict[str, Any]) -> bool:
+    """This rank's dict holds exactly the element ranges this engine's layout gives the rank (so it loads
+    alone); False when the layout differs (another bucket_size, tail, world size or arrival order)."""
+    (d,) = _as_list(sd)
+    if d["world_size"] != eng.comm.world or d["rank"] != eng.comm.rank:
+        return False
+    owned = _owned(eng)
+    return all([tuple(r) for r in d["params"][s.name]["ranges"]] == _ranges(owned[s.index])
+               for s in eng.slots if s.index in owned)
+
+
 def _write_state(eng: SuperOffloadEngine, own: dict[str, Any] | None, full: dict[str, dict] | None) -> None:
     """Optimizer state into this rank's ranges (from its own dict, or from assembled full tensors), and
     the weights from the masters: each rank casts its shard, then the bucket is all-gathered."""
@@ -198,20 +244,14 @@ def _write_state(eng: SuperOffloadEngine, own: dict[str, Any] | None, full: dict
                 eng._pending_master[s.index] = src["master"].reshape(-1).to(torch.float32).clone()
                 s.param.data.copy_(eng._pending_master[s.index].view(s.shape))
                 continue
-            a, e, ts = owned[s.index]
-            for k, t in ts.items():
-                if own is not None:
-                    entry = own["params"][s.name]
-                    if tuple(entry["range"]) != (a, e):
-                        raise ValueError(f"{s.name}: the checkpoint's range {entry['range']} is not this rank's "
-                                         f"{(a, e)}; pass every rank's state_dict to re-shard")
-                    src_t = entry.get(k)
-                else:
-                    src_t = full[s.name].get(k)
-                    src_t = None if src_t is None else src_t.reshape(-1)[a:e]
-                if src_t is None:
-                    raise ValueError(f"{s.name}: the checkpoint has no {k} (was it saved with amsgrad off?)")
-                t.copy_(src_t.reshape(-1))
+            at = 0  # own: where the range starts in the dict's concatenated tensors
+            for a, e, ts in owned[s.index]:
+                for k, t in ts.items():
+                    src_t = (own["params"][s.name] if own is not None else full[s.name]).get(k)
+                    if src_t is None:
+                        raise ValueError(f"{s.name}: the checkpoint has no {k} (was it saved with amsgrad off?)")
+                    t.copy_(src_t.reshape(-1)[at: at + e - a] if own is not None else src_t.reshape(-1)[a:e])
+                at += e - a
     publish_masters(eng)
 
 
@@ -219,8 +259,8 @@ def publish_masters(eng: SuperOffloadEngine) -> None:
     """The weights from the masters, after the masters were set outside a step: each rank casts its
     shard into home, then every bucket is all-gathered (a collective: every rank calls it)."""
     with torch.no_grad():
-        for b in [*eng.buckets, *(b for b in eng._flow_buckets if b not in eng.buckets)]:
-            master = b.tail["master"] if b.tail is not None else b.host.master
+        for b in eng.all_buckets():
+            master = b.master
             b.home_shard().copy_(master)
             if b.host is not None and b.host.upload is not None:
                 b.host.upload.copy_(master)  # the upload copy mirrors the weights (see Bucket._run_kernel)
@@ -328,7 +368,7 @@ def load_checkpoint(eng: SuperOffloadEngine, load_dir: str, tag: str | None, wei
         sd = {k: masters[name_of[id(v)]] for k, v in eng.model.state_dict(keep_vars=True).items() if id(v) in name_of}
         eng.load_model_state_dict({**first.get("module", {}), **sd}, strict=strict)
         return folder, first["client_state"]
-    if first["engine"].get("world_size") == eng.comm.world and own in blobs:
+    if own in blobs and _loads_alone(eng, blobs[own]["engine"]):
         blob = blobs[own]
         eng.load_state_dict(blob["engine"])
         path = own
@@ -339,6 +379,17 @@ def load_checkpoint(eng: SuperOffloadEngine, load_dir: str, tag: str | None, wei
     if blob.get("module"):
         eng.model.load_state_dict(blob["module"], strict=False)
     return path, blob["client_state"]
+
+
+def _loads_alone(eng: SuperOffloadEngine, sd: dict[str, Any]) -> bool:
+    """This rank's file is enough: saved at this world size with this engine's layout (else every rank's
+    files are read and re-sharded)."""
+    (d,) = _as_list(sd)
+    if d.get("world_size") != eng.comm.world:
+        return False
+    eng.synchronize()
+    prepare_layout(eng, d)
+    return own_ranges_match(eng, d)
 
 
 def _load_blob(path: str) -> dict[str, Any]:

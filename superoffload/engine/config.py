@@ -116,6 +116,9 @@ class SuperOffloadConfig:
     """next forward waits per layer for its weights, not on a barrier in step()"""
     hbm_budget_bytes: int | None = None
     """budget the device tail state must fit (default: the device's memory; unlimited on the host)"""
+    host_budget_bytes: int | None = None
+    """budget the engine's host buffers (pinned transfer buffers, pageable optimizer state) must fit,
+    checked before any work (default: this machine's physical memory)"""
     device: DeviceKind = "auto"
     """auto | cuda | host (CPU-only) | sim (the CUDA code path on a simulated device) | cpu (= host)"""
     staging_buffers: int = 2
@@ -190,8 +193,10 @@ class SuperOffloadConfig:
                               "set optimizer.bias_correction: true")
         if self.host_threads is not None and self.host_threads < 1:
             raise ConfigError(f"host_threads must be >= 1 or null, got {self.host_threads}")
-        if self.hbm_budget_bytes is not None and self.hbm_budget_bytes < 1:
-            raise ConfigError(f"hbm_budget_bytes must be a positive byte count or null, got {self.hbm_budget_bytes}")
+        for key in ("hbm_budget_bytes", "host_budget_bytes"):
+            value = getattr(self, key)
+            if value is not None and value < 1:
+                raise ConfigError(f"{key} must be a positive byte count or null, got {value}")
         ls = self.loss_scale
         if self.precision != "fp16" and ls != LossScaleConfig():
             raise ConfigError(f"loss_scale only applies to precision 'fp16' (precision is "

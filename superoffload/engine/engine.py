@@ -46,19 +46,21 @@ from superoffload.engine.bucket import (
     HyperParams,
     Speculation,
 )
-from superoffload.engine.buffers import HostArena, StagingRing, UploadRing
+from superoffload.engine.buffers import ArenaRequest, HostArena, StagingRing, UploadRing, aligned_bytes
 from superoffload.engine.comm import Comm
 from superoffload.engine.config import ConfigError, SuperOffloadConfig
 from superoffload.engine.hooks import EngineHook
-from superoffload.engine.layout import BucketLayout, ParamSlot, padded_numel, plan_buckets, runs
+from superoffload.engine.layout import BucketLayout, ParamPiece, ParamSlot, plan_buckets, runs
 from superoffload.engine.loss_scale import DynamicLossScale
 from superoffload.engine.optimizer import OffloadOptimizer
 from superoffload.engine.params import build_param_groups
 from superoffload.engine.plain_loop import PlainLoop
-from superoffload.engine.weight_flow import WeightFlow
+from superoffload.engine.weight_flow import WeightFlow, flow_segments
 from superoffload.engine.worker import HostWorker, NonFiniteError
 from superoffload.options import torch_dtype
-from superoffload.packing import pack_whole_tensors, tail_start
+from superoffload.packing import ShapeTensor, chains
+from superoffload.planner.presets import physical_memory_bytes
+from superoffload.units import nbytes
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +119,10 @@ class SuperOffloadEngine:
         # host_threads may differ (each rank's share of its host's cores)
         self.comm.check_same("the engine config", {k: v for k, v in cfg.to_dict().items() if k != "host_threads"})
         _check_finite_weights(self.slots)
+        self.order = list(reversed(range(len(self.slots))))  # provisional: the usual arrival order
+        self._arenas: list[HostArena] = []
+        self._flow_segment = flow_segments(model, cfg)  # a flowed parameter's block, by id (weight_flow.py)
+        self._check_budgets()  # before anything is moved, cast or allocated
         # fp32 masters come from the weights as given, before the device copy is cast to `precision`;
         # each moves into its bucket's host state when the bucket is created
         self._pending_master = {s.index: s.param.detach().to("cpu", torch.float32).reshape(-1).clone()
@@ -147,10 +153,11 @@ class SuperOffloadEngine:
         self._nonfinite_error = ""
         self.last_clip_coef = 1.0
         self.layout_measured = False
-        self.order = list(reversed(range(len(self.slots))))  # provisional: the usual arrival order
         self.buckets: list[Bucket] = []
         self._module_buckets: dict[nn.Module, list[Bucket]] = {}
-        self._arenas: list[HostArena] = []
+        self._home: dict[int, torch.Tensor] = {}  # a resident parameter's flat view of its buckets' weights
+        self._grad_gen = [0] * len(self.slots)  # bumped when a parameter's gradient is released (_launch)
+        self._adopted: set[int] = set()  # parameters whose gradient a launch took and has not yet released
         self.ring: StagingRing | None = None
         self.upload_ring: UploadRing | None = None
         self.norms: torch.Tensor | None = None
@@ -164,7 +171,6 @@ class SuperOffloadEngine:
             optimizer=cfg.optimizer, host_optimizer=cfg.host_optimizer, host_threads=cfg.host_threads,
             full_copy=cfg.rollback_mode == "full_copy", upload_stream=self.upload_stream,
             upload_staging=self._upload_staging)
-        self._check_tail_budget()
         self.flow: WeightFlow | None = None
         self._flow_buckets: list[Bucket] = []
         if cfg.flow_layers:
@@ -197,12 +203,13 @@ class SuperOffloadEngine:
         segment = self.flow.segment_of if self.flow is not None else None
         fixed = self.flow.fixed_layouts() if self.flow is not None else None
         layouts = plan_buckets(self.slots, order, cfg.bucket_size, cfg.device_tail_buckets, self.comm.world,
-                               segment=segment, fixed=fixed)
-        self.comm.check_same("the bucket layout", [[s.name for s in lay.slots] for lay in layouts])
+                               segment=segment, fixed=fixed, piece=ParamPiece)
+        self.comm.check_same("the bucket layout", [[(pc.name, pc.start, pc.numel) for pc in lay.slots]
+                                                   for lay in layouts])
         if self.flow is not None:
             self.flow.check_tail(layouts)
-        self._check_tail_budget(layouts)
         created = {id(b.layout): b for b in self._flow_buckets}
+        self._check_budgets([lay for lay in layouts if id(lay) not in created])
         new = self._create_buckets([lay for lay in layouts if id(lay) not in created])
         created.update({id(b.layout): b for b in new})
         self.buckets = [created[id(lay)] for lay in layouts]
@@ -215,8 +222,8 @@ class SuperOffloadEngine:
                                                    "staging")
         self._module_buckets = {}
         for m in self.model.modules():
-            bs = {self.slots[self._slot_of[id(p)]].bucket for p in m.parameters(recurse=False)
-                  if id(p) in self._slot_of}
+            bs = {k for p in m.parameters(recurse=False) if id(p) in self._slot_of
+                  for k in self.slots[self._slot_of[id(p)]].buckets}
             if bs:
                 self._module_buckets[m] = [self.buckets[i] for i in sorted(bs)]
         self._versions = self._weight_versions()
@@ -234,22 +241,75 @@ class SuperOffloadEngine:
         self.ctx.host_optimizer, self.ctx.host_threads = cfg.host_optimizer, cfg.host_threads
         self.ctx.full_copy = cfg.rollback_mode == "full_copy"
         self._recent_rollbacks = collections.deque(maxlen=cfg.speculation_policy.window)
-        self._check_tail_budget()
+        self._check_budgets()
         if self.flow is not None:
             self.flow.check_tail_window(self.order, cfg.device_tail_buckets, cfg.bucket_size, measured=False)
 
-    def _check_tail_budget(self, layouts: list[BucketLayout] | None = None) -> None:
-        """Tail state must fit the device budget: checked at initialize on the provisional arrival order
-        (before any work), and again on the measured layout."""
+    def _provisional_layouts(self) -> list[BucketLayout]:
+        """The buckets the provisional arrival order gives (the real order is measured on the first step),
+        packed from stand-ins for the parameters so that no engine state changes: what the checks made
+        before any work price."""
+        segment = {s.name: self._flow_segment.get(id(s.param)) for s in self.slots}
+        stand_ins = [ShapeTensor(s.name, s.numel, s.group) for s in self.slots]
+        return plan_buckets(stand_ins, self.order, self.config.bucket_size, self.config.device_tail_buckets,
+                            self.comm.world, segment=lambda t: segment[t.name])
+
+    def _check_budgets(self, layouts: list[Any] | None = None) -> None:
+        """The device tail and the host buffers must fit their budgets: checked at initialize on the
+        provisional layout (before any work) and again on the measured one (`layouts`, the buckets still
+        to build)."""
+        layouts = self._provisional_layouts() if layouts is None else layouts
+        self._check_tail_budget(layouts)
+        self._check_host_budget(layouts)
+
+    def _check_host_budget(self, layouts: list[Any]) -> None:
+        """What the engine's host buffers for `layouts` (and those it already holds) need against
+        `host_budget_bytes` (default: this machine's physical memory): an error naming the settings that
+        would make them fit, before anything is allocated."""
+        cfg = self.config
+        pinned, pageable = self._new_arenas()
+        reqs, stores = self._request_buffers(layouts, pinned, pageable)
+        need: dict[str, int] = collections.Counter()
+        for r in reqs.values():
+            for key in ("state", "spare", "landing", "upload", "norm"):
+                for one in (r[key] if isinstance(r[key], list) else [r[key]] if r[key] is not None else []):
+                    need[key] += aligned_bytes(one)
+        need["flow stores"] = sum(aligned_bytes(req) for req in {id(v[0]): v[0] for v in stores.values()}.values())
+        host = [lay for lay in layouts if not lay.on_device]
+        if cfg.upload_slots and host:
+            width = max(lay.padded // self.comm.world for lay in host)
+            need["upload"] += cfg.upload_slots * aligned_bytes(ArenaRequest(width, self._upload_dtype()))
+        held = sum(a.nbytes for a in self._arenas)
+        total = held + sum(need.values())
+        budget = cfg.host_budget_bytes or physical_memory_bytes()
+        if total <= budget:
+            return
+        names = {"state": "fp32 master, m, v", "spare": "full_copy spare state", "landing": "gradient landing",
+                 "upload": "weight upload", "norm": "norms", "flow stores": "flowed weights"}
+        parts = ", ".join(f"{names[k]} {nbytes(v)}" for k, v in sorted(need.items(), key=lambda kv: -kv[1]) if v)
+        hints = []
+        if need["upload"] and not cfg.upload_slots:
+            hints.append(f"upload_slots: 2 (two pinned slots instead of {nbytes(need['upload'])} of upload buffers)")
+        if self.dtype != torch.float32 and self._grad_dtype() == torch.float32:
+            hints.append(f"grad_cast: host (gradients land in {cfg.precision}: half of "
+                         f"{nbytes(need['landing'])})")
+        if need["spare"]:
+            hints.append(f"rollback_mode: deferred (no spare state: {nbytes(need['spare'])})")
+        if cfg.device_tail_buckets < len(layouts):
+            hints.append("more device_tail_buckets (their state lives on the device)")
+        hints.append("more ranks (each holds 1/W of the state)")
+        where = "host_budget_bytes" if cfg.host_budget_bytes else "this machine's physical memory"
+        raise ConfigError(f"the engine's host buffers need {nbytes(total)} ({parts}"
+                          f"{f', already allocated {nbytes(held)}' if held else ''}), more than {where} "
+                          f"({nbytes(budget)}); to fit, set {'; or '.join(hints)}; or raise host_budget_bytes")
+
+    def _upload_dtype(self) -> torch.dtype:
+        lowp = self.dtype != torch.float32
+        return self.dtype if lowp and self.config.param_cast == "host" else torch.float32
+
+    def _check_tail_budget(self, layouts: list[Any]) -> None:
         per_elem = 4 * (5 if self.config.optimizer.amsgrad else 4)  # fp32 master, m, v, (vmax), grad shard
-        if layouts is None:
-            numels = [self.slots[i].numel for i in self.order]
-            packed = pack_whole_tensors(numels, self.config.bucket_size)
-            tail_elems = [sum(numels[i] for i in b) for b in packed[tail_start(len(packed),
-                                                                                self.config.device_tail_buckets):]]
-            tail = sum(padded_numel(n, self.comm.world) // self.comm.world * per_elem for n in tail_elems)
-        else:
-            tail = sum(lay.padded // self.comm.world * per_elem for lay in layouts if lay.on_device)
+        tail = sum(lay.padded // self.comm.world * per_elem for lay in layouts if lay.on_device)
         if tail > self.backend.hbm_budget_bytes:
             raise ConfigError(f"device_tail_buckets={self.config.device_tail_buckets} needs {tail} B of device "
                               f"memory for grads + Adam state, budget is {self.backend.hbm_budget_bytes} B; "
@@ -260,13 +320,33 @@ class SuperOffloadEngine:
         and the current weights; resident parameters become views of their bucket's flat device buffer."""
         if not layouts:
             return []
+        pinned, pageable = self._new_arenas()
+        reqs, stores = self._request_buffers(layouts, pinned, pageable)
+        pinned.allocate()
+        pageable.allocate()
+        self._arenas += [pinned, pageable]
+        homes = self._device_homes([lay for lay in layouts if lay.flow_block is None])
+        for key, (req, a, e) in stores.items():  # a flowed bucket's home: its part of its chain's host store
+            homes[key] = req.tensor[a:e]
+        buckets = [self._make_bucket(lay, reqs.get(id(lay)), homes[id(lay)]) for lay in layouts]
+        self._view_homes([lay for lay in layouts if lay.flow_block is None], homes)
+        return buckets
+
+    def _new_arenas(self) -> tuple[HostArena, HostArena]:
+        """(pinned: what crosses the link, pageable: the optimizer state)."""
+        dev = self.backend
+        return (HostArena(dev, pinned=not dev.shares_host_memory, category="transfer"),
+                HostArena(dev, pinned=False, category="optimizer_state"))
+
+    def _request_buffers(self, layouts: list[Any], pinned: HostArena,
+                         pageable: HostArena) -> tuple[dict[int, dict[str, Any]], dict[int, tuple[Any, int, int]]]:
+        """Every host buffer `layouts` need, requested from the two arenas: per host bucket (id(layout) ->
+        its requests) and the flowed buckets' stores (`_flow_store_requests`)."""
         dev, cfg, comm = self.backend, self.config, self.comm
-        lowp = self.dtype != torch.float32
-        grad_dtype = self._grad_dtype()
-        up_dtype = self.dtype if lowp and cfg.param_cast == "host" else torch.float32
-        pinned = HostArena(dev, pinned=not dev.shares_host_memory, category="transfer")
-        pageable = HostArena(dev, pinned=False, category="optimizer_state")
+        grad_dtype, up_dtype = self._grad_dtype(), self._upload_dtype()
+        full_copy = cfg.rollback_mode == "full_copy"
         reqs: dict[int, dict[str, Any]] = {}
+        stores = self._flow_store_requests(layouts, pinned)
         for lay in layouts:
             if lay.on_device:
                 continue
@@ -277,17 +357,54 @@ class SuperOffloadEngine:
             landing_n = lay.padded if dev.shares_host_memory and not comm.active else n
             reqs[id(lay)] = {
                 "state": [pageable.request(n, torch.float32) for _ in range(state)],
-                "spare": [pageable.request(n, torch.float32) for _ in range(state)] if self.ctx.full_copy else None,
+                "spare": [pageable.request(n, torch.float32) for _ in range(state)] if full_copy else None,
                 "landing": (pageable if dev.shares_host_memory else pinned).request(landing_n, grad_dtype),
                 "upload": pinned.request(n, up_dtype) if cfg.upload_slots == 0 else None,
-                "norm": pinned.request(1, torch.float64),
-                "store": pinned.request(n, self.dtype) if lay.flow_block is not None else None}
-        pinned.allocate()
-        pageable.allocate()
-        self._arenas += [pinned, pageable]
-        return [self._make_bucket(lay, reqs.get(id(lay))) for lay in layouts]
+                "norm": pinned.request(1, torch.float64)}
+        return reqs, stores
 
-    def _make_bucket(self, lay: BucketLayout, req: dict[str, Any] | None) -> Bucket:
+    def _flow_store_requests(self, layouts: list[Any], arena: HostArena) -> dict[int, tuple[Any, int, int]]:
+        """Flowed buckets' host stores (this rank's shard of their weights): one request per chain, so at
+        one rank a split parameter's stored weights are contiguous too. id(layout) -> (request, start, end)."""
+        out: dict[int, tuple[Any, int, int]] = {}
+        for chain in chains([lay for lay in layouts if lay.flow_block is not None]):
+            sizes = [lay.padded // self.comm.world for lay in chain]
+            req = arena.request(sum(sizes), self.dtype)
+            base = 0
+            for lay, n in zip(chain, sizes, strict=True):
+                out[id(lay)] = (req, base, base + n)
+                base += n
+        return out
+
+    def _device_homes(self, layouts: list[BucketLayout]) -> dict[int, torch.Tensor]:
+        """Each resident bucket's flat device weights. Buckets a split parameter spans share one
+        allocation (`superoffload.packing.chains`), so the parameter is one view across them."""
+        homes: dict[int, torch.Tensor] = {}
+        for chain in chains(layouts):
+            flat = self.backend.zeros(sum(lay.padded for lay in chain), self.dtype, "weights")
+            base = 0
+            for lay in chain:
+                homes[id(lay)] = flat[base: base + lay.padded]
+                base += lay.padded
+        return homes
+
+    def _view_homes(self, layouts: list[BucketLayout], homes: dict[int, torch.Tensor]) -> None:
+        """Resident parameters become views of their buckets' device weights (holding their values)."""
+        with torch.no_grad():
+            for lay in layouts:
+                for pc in lay.slots:
+                    homes[id(lay)][pc.offset: pc.offset + pc.numel].copy_(
+                        pc.param.data.reshape(-1)[pc.start: pc.start + pc.numel])
+            for lay in layouts:
+                for pc in lay.slots:
+                    if pc.start == 0:  # the first piece: the view starts here and runs on through the chain
+                        s = pc.tensor
+                        home = homes[id(lay)]
+                        flat = home.as_strided((s.numel,), (1,), home.storage_offset() + pc.offset)
+                        self._home[s.index] = flat
+                        s.param.data = flat.view(s.shape)
+
+    def _make_bucket(self, lay: BucketLayout, req: dict[str, Any] | None, home: torch.Tensor) -> Bucket:
         dev, comm = self.backend, self.comm
         lo, hi = lay.shard(comm.rank, comm.world)
         n = hi - lo
@@ -312,30 +429,24 @@ class SuperOffloadEngine:
                 host.upload.zero_()
             master = host.master
         with torch.no_grad():
-            for s in lay.slots:  # this rank's part of each parameter's fp32 master
-                a, b = max(s.offset, lo), min(s.offset + s.numel, hi)
-                if a < b:
-                    master[a - lo: b - lo].copy_(self._pending_master[s.index][a - s.offset: b - s.offset])
-            for s in lay.slots:
-                self._pending_master.pop(s.index, None)
-            if lay.flow_block is not None:
-                home = req["store"].tensor  # the host store: this rank's shard of the bucket's weights
+            for pc in lay.slots:  # this rank's part of each piece's fp32 master
+                if (o := pc.overlap(lo, hi)) is not None:
+                    a, b, start = o
+                    master[a - lo: b - lo].copy_(self._pending_master[pc.index][start: start + b - a])
+            for pc in lay.slots:
+                if pc.last:  # the other pieces of a split parameter are in earlier buckets
+                    self._pending_master.pop(pc.index, None)
+            if lay.flow_block is not None:  # the host store: this rank's shard of the bucket's weights
                 self._fill_shard(home, lay, lo, hi)
-            else:
-                home = dev.zeros(lay.padded, self.dtype, "weights")
-                for s in lay.slots:
-                    view = home[s.offset: s.offset + s.numel]
-                    view.copy_(s.param.data.reshape(-1))
-                    s.param.data = view.view(s.shape)
         return Bucket(lay, self.ctx, home, host, tail)
 
     @staticmethod
     def _fill_shard(dst: torch.Tensor, lay: BucketLayout, lo: int, hi: int) -> None:
         dst.zero_()
-        for s in lay.slots:
-            a, b = max(s.offset, lo), min(s.offset + s.numel, hi)
-            if a < b:
-                dst[a - lo: b - lo].copy_(s.param.data.reshape(-1)[a - s.offset: b - s.offset])
+        for pc in lay.slots:
+            if (o := pc.overlap(lo, hi)) is not None:
+                a, b, start = o
+                dst[a - lo: b - lo].copy_(pc.param.data.reshape(-1)[start: start + b - a])
 
     def _ensure_ring(self, buckets: list[Bucket]) -> None:
         """The staging ring holds the largest host bucket's flat gradient (and, with several ranks, its
@@ -361,9 +472,7 @@ class SuperOffloadEngine:
         # flowed blocks' buckets are built at initialize: a reconfigure (the plan) that changed upload_slots
         # after that leaves them as they were built, with their own buffers or, turned off, a 2-slot ring
         k = self.config.upload_slots or 2
-        lowp = self.dtype != torch.float32
-        up_dtype = self.dtype if lowp and self.config.param_cast == "host" else torch.float32
-        self.upload_ring = UploadRing(self.backend, k, max(b.shard_numel for b in host), up_dtype)
+        self.upload_ring = UploadRing(self.backend, k, max(b.shard_numel for b in host), self._upload_dtype())
         self._arenas.append(self.upload_ring.arena)
         for p, b in enumerate(reversed(host)):
             b.use_upload_ring(self.upload_ring, p % k, speculate=p < k)
@@ -497,6 +606,8 @@ class SuperOffloadEngine:
                 if g is not None:
                     self.backend.release_grad(g, read_on=(self.side_stream,))
                     s.param.grad = None
+                    self._grad_gen[s.index] += 1
+            self._adopted.clear()
 
     def _check_native(self, what: str) -> None:
         if self._plain is not None:
@@ -587,20 +698,40 @@ class SuperOffloadEngine:
                 if not self.buckets:
                     self._pending_master[s.index] = values.to("cpu", torch.float32).clone()
                     continue
-                b = self.buckets[s.bucket]
-                if s.param.data_ptr() != now[s.index][1] or not self._is_home_view(b, s):
-                    b.home[s.offset: s.offset + s.numel].copy_(values)
-                    s.param.data = b.home[s.offset: s.offset + s.numel].view(s.shape)
-                master = b.tail["master"] if b.tail is not None else b.host.master
-                a, e = max(s.offset, b.lo), min(s.offset + s.numel, b.hi)
-                if a < e:
-                    master[a - b.lo: e - b.lo].copy_(values[a - s.offset: e - s.offset].float())
-                b.spec.queued = False  # its speculation read the old master: redo it
+                home = self._home.get(s.index)
+                if home is None:  # a flowed parameter: its values go to this rank's part of its host store
+                    self._write_flow_store(s, values)
+                elif s.param.data_ptr() != home.data_ptr():
+                    home.copy_(values)
+                    s.param.data = home.view(s.shape)
+                self._write_master(s, values)
+                for k in s.buckets:
+                    self.buckets[k].spec.queued = False  # its speculation read the old master: redo it
         log.info("adopted new values of %d parameter(s) written outside the engine", len(changed))
         self._versions = self._weight_versions()
 
-    def _is_home_view(self, b: Bucket, s: ParamSlot) -> bool:
-        return b.flowed or s.param.data_ptr() == b.home[s.offset: s.offset + s.numel].data_ptr()
+    def all_buckets(self) -> list[Bucket]:
+        """Every bucket: the laid-out ones, or before the layout is measured, weight flow's (built at
+        initialize)."""
+        return [*self.buckets, *(b for b in self._flow_buckets if b not in self.buckets)]
+
+    def _write_flow_store(self, s: ParamSlot, values: torch.Tensor) -> None:
+        if values.numel() != s.numel:  # sharded across ranks: outside its uses the parameter holds nothing
+            return
+        for pc in s.pieces:
+            b = self.buckets[pc.bucket]
+            if (o := pc.overlap(b.lo, b.hi)) is not None:
+                a, e, start = o
+                b.before_home_write()
+                b.home_shard()[a - b.lo: e - b.lo].copy_(values[start: start + e - a])
+
+    def _write_master(self, s: ParamSlot, values: torch.Tensor) -> None:
+        """This rank's part of parameter `s`'s fp32 master (in its pieces' buckets) from its flat `values`."""
+        for pc in s.pieces:
+            b = self.buckets[pc.bucket]
+            if (o := pc.overlap(b.lo, b.hi)) is not None:
+                a, e, start = o
+                b.master[a - b.lo: e - b.lo].copy_(values[start: start + e - a])
 
     def _before_model_load(self, *args: Any, **kwargs: Any) -> None:
         # model.load_state_dict writes the parameters: pending returns must land first, not after
@@ -643,12 +774,14 @@ class SuperOffloadEngine:
         if not self.layout_measured:
             self._arrival.append(idx)
             return
-        self._param_ready(self.buckets[self.slots[idx].bucket])
+        self._param_ready(idx)
 
-    def _param_ready(self, b: Bucket) -> None:
-        """One more of `b`'s parameters holds its last gradient of the step: launch every bucket that is
-        complete, in bucket order (identical on every rank whatever order gradients arrive in)."""
-        b.ready += 1
+    def _param_ready(self, idx: int) -> None:
+        """Parameter `idx` holds its last gradient of the step (so does each of its pieces, in one or
+        several buckets): launch every bucket that is complete, in bucket order (identical on every rank
+        whatever order gradients arrive in)."""
+        for k in self.slots[idx].buckets:
+            self.buckets[k].ready += 1
         while self._next_launch < len(self.buckets):
             nxt = self.buckets[self._next_launch]
             if nxt.ready < len(nxt.slots):
@@ -709,9 +842,15 @@ class SuperOffloadEngine:
             t0 = time.perf_counter()
         fresh = b.mark_present(keep=carry)
         b.launched = True
-        grads = [(s, s.param.grad) for s in b.slots if s.index in fresh]
-        for _, g in grads:
-            dev.adopt_grad(g)
+        grads = [(pc, pc.param.grad) for pc in b.slots if pc.index in fresh]
+        for pc, g in grads:
+            if pc.index not in self._adopted:  # a split parameter's gradient is taken once, by its first piece
+                dev.adopt_grad(g)
+                self._adopted.add(pc.index)
+        # carried pieces of a split parameter whose gradient was kept (its later pieces had not launched):
+        # the gradient still holds what landed then, plus the new passes', so it replaces the carried part
+        resent = [pc for pc in b.slots if b.kept.get(pc.index) == self._grad_gen[pc.index]] if carry else []
+        b.kept = {}
         side = self.side_stream
         dev.wait_stream(side, dev.current_stream(), "launch: side stream waits for the gradients")
         prev = self._carried_shard(b) if carry else None  # before the flatten or the reduction overwrite it
@@ -719,10 +858,13 @@ class SuperOffloadEngine:
         if slot is not None:
             dev.wait_event(side, self.ring.free_event[slot], "launch: staging slot free")
         with dev.stream(side):
-            for s in b.slots:
-                view = flat[s.offset: s.offset + s.numel]
-                if s.index in fresh:
-                    view.copy_(s.param.grad.reshape(-1))  # the copy into fp32 staging is the device cast
+            for pc in resent:
+                if (o := pc.overlap(b.lo, b.hi)) is not None:
+                    prev[o[0] - b.lo: o[1] - b.lo].zero_()
+            for pc in b.slots:
+                view = flat[pc.offset: pc.offset + pc.numel]
+                if pc.index in fresh:
+                    view.copy_(pc.grad_view())  # the copy into fp32 staging is the device cast
                 else:
                     view.zero_()
             flat[b.layout.numel:].zero_()
@@ -736,9 +878,14 @@ class SuperOffloadEngine:
                 dev.hold_for(prev, (side,))  # freed when this returns: not reused before the add ran
             dev.kernels.grad_norm_sq(reduced, self.norms[b.index: b.index + 1])
             dev.record(b.flat_ready, side, "launch: gradient flattened")
-        for s, g in grads:  # autograd's gradient is consumed: its memory returns once the side stream is done
+        for pc, g in grads:  # autograd's gradient is consumed: its memory returns once the side stream is done
+            if not pc.last:  # a split parameter's later pieces, in later buckets, still read it
+                b.kept[pc.index] = self._grad_gen[pc.index]
+                continue
             dev.release_grad(g, read_on=(side,), point="launch: gradients freed after the side stream")
-            s.param.grad = None
+            pc.param.grad = None
+            self._adopted.discard(pc.index)
+            self._grad_gen[pc.index] += 1
         if b.host is not None:
             self._land(b, shard, slot)
         elif slot is not None:
@@ -860,9 +1007,8 @@ class SuperOffloadEngine:
             b.submit(b.commit_state, "commit pass")
         if not skip:
             self._step_device_buckets(scale, hps)
-            for b in self.buckets:
-                for s in b.present_slots():
-                    self.steps[s.index] += 1
+            for i in {pc.index for b in self.buckets for pc in b.present_slots()}:  # once per split parameter
+                self.steps[i] += 1
         self._note_nonfinite(skip)
         self.loss_scale.update(found_nonfinite=not finite)
         self._recent_rollbacks.append(needs_rollback)
@@ -990,11 +1136,7 @@ class SuperOffloadEngine:
                     self._pending_master[s.index] = value.clone()
                     s.param.data.copy_(value.view(s.shape))
                     continue
-                b = self.buckets[s.bucket]
-                master = b.tail["master"] if b.tail is not None else b.host.master
-                a, e = max(s.offset, b.lo), min(s.offset + s.numel, b.hi)
-                if a < e:
-                    master[a - b.lo: e - b.lo].copy_(value[a - s.offset: e - s.offset])
+                self._write_master(s, value)
         if self.buckets:
             ckpt.publish_masters(self)
         self._versions = self._weight_versions()
@@ -1071,6 +1213,10 @@ class SuperOffloadEngine:
         return {
             "buckets_host": len(host), "buckets_device": len(dev),
             "upload_slots": len(self.upload_ring) if self.upload_ring is not None else 0,
+            # the upload ring's slot reuses, those that found the slot's previous H2D still running, and the
+            # host time spent waiting for them (a starved ring: waits near uses, wait_s a share of the step)
+            "upload_ring": {"uses": int(c.pop("upload_slot_uses", 0)), "waits": int(c.pop("upload_slot_waits", 0)),
+                            "wait_s": c.pop("upload_slot_wait_s", 0.0)} if self.upload_ring is not None else None,
             "bucket_size": self.config.bucket_size, "params": sum(s.numel for s in self.slots),
             "world_size": self.comm.world, "rank": self.comm.rank,
             "device_tail_params": sum(b.layout.numel for b in dev),

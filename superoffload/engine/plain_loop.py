@@ -89,12 +89,11 @@ class PlainLoop:
         if not self.boundary or self.overrun:
             return  # not the step's last pass (yet): torch accumulates into .grad
         e = self.engine
-        b = e.buckets[e.slots[idx].bucket]
-        if b.launched:
+        if any(e.buckets[k].launched for k in e.slots[idx].buckets):
             self._overrun()  # a gradient for a bucket that has already left: more passes than predicted
         elif idx not in self.ready:
             self.ready.add(idx)
-            e._param_ready(b)
+            e._param_ready(idx)
 
     def _begin_pass(self) -> None:
         e = self.engine

@@ -41,9 +41,9 @@ from superoffload.device import Device
 from superoffload.engine.comm import Comm
 from superoffload.engine.config import ConfigError, SuperOffloadConfig
 from superoffload.engine.hooks import EngineHook
-from superoffload.engine.layout import BucketLayout, ParamSlot, layout_bucket
+from superoffload.engine.layout import BucketLayout, ParamPiece, ParamSlot, pack_layouts
 from superoffload.engine.worker import HostWorker
-from superoffload.packing import pack_whole_tensors
+from superoffload.packing import chains, index_pieces, split_numel
 
 if TYPE_CHECKING:
     from superoffload.engine.bucket import Bucket
@@ -91,18 +91,34 @@ def find_module_list(model: nn.Module, path: str | None) -> tuple[str, nn.Module
                       f"transformer blocks, or clear flow_layers")
 
 
+def flow_segments(model: nn.Module, cfg: SuperOffloadConfig) -> dict[int, int]:
+    """id(parameter) -> the flowed block (its index in the list of blocks) it belongs to, for the
+    parameters of `cfg.flow_layers`' blocks (nothing is changed: what the engine's checks before any work
+    need to pack the buckets as they will be)."""
+    if not cfg.flow_layers:
+        return {}
+    _, blocks = find_module_list(model, cfg.flow_module_list)
+    return {id(p): pos for pos in cfg.flow_layers if pos < len(blocks) for p in blocks[pos].parameters()}
+
+
 @dataclass(eq=False)
 class Store:
-    """One contiguous host store of a block's weights and the device buffer they are fetched into."""
+    """A block's weights in host memory and the device buffer they are fetched into: one bucket, or the
+    chain of buckets a split parameter spans (one allocation each side, so the parameter is one view).
+
+    `parts`: (bucket, element offset of its flat layout in `device_flat`, offset of its shard in `host`),
+    or for frozen weights a single (None, 0, 0) with `host` the whole layout."""
 
     params: list[tuple[nn.Parameter, int, torch.Size]]  # (parameter, element offset in the flat layout, shape)
     padded: int
-    host: torch.Tensor  # this rank's shard (a bucket's home), or the whole layout (frozen weights)
-    lo: int
-    hi: int
+    host: torch.Tensor  # this rank's shards of the buckets, one after another, or the whole (frozen) layout
+    parts: list[tuple[Bucket | None, int, int]]
     device_flat: torch.Tensor  # storage resized to 0 when released
-    bucket: Bucket | None = None  # the bucket whose home this is (None: frozen weights)
-    gather: Any = None
+    gathers: list[Any] = field(default_factory=list)
+
+    @property
+    def buckets(self) -> list[Bucket]:
+        return [b for b, _, _ in self.parts if b is not None]
 
     def placeholder(self, p: nn.Parameter, off: int, shape: torch.Size, sharded: bool) -> torch.Tensor:
         """A released parameter's data: a view of its host store, or with several ranks (each holding a
@@ -197,8 +213,8 @@ class WeightFlow:
         out = []
         for blk in self.blocks.values():
             members = list(reversed(blk.slots))
-            for positions in pack_whole_tensors([s.numel for s in members], self.cfg.bucket_size):
-                blk.layouts.append(layout_bucket(-1, [members[i] for i in positions], world, blk.pos))
+            blk.layouts = pack_layouts(members, self.cfg.bucket_size, world, blk.pos, piece=ParamPiece)
+            index_pieces(members, blk.layouts)
             out += blk.layouts
         return out
 
@@ -211,7 +227,8 @@ class WeightFlow:
         of its weights is among the last-arriving parameters that k tail buckets could ever hold."""
         if k == 0:
             return
-        window = k * max(bucket_size, max(s.numel for s in self.slots))
+        # a bucket holds at most bucket_size elements (a larger tensor is split; superoffload.packing)
+        window = k * max(bucket_size, split_numel(bucket_size, self.comm.world))
         at_risk: dict[int, str] = {}
         for i in reversed(order):
             if window <= 0:
@@ -242,11 +259,19 @@ class WeightFlow:
         dev = self.device
         by_layout = {id(b.layout): b for b in buckets}
         for blk in self.blocks.values():
-            for lay in blk.layouts:
-                b = by_layout[id(lay)]
-                flat = dev.empty(lay.padded, b.home.dtype, "flow")
-                blk.stores.append(Store([(s.param, s.offset, s.shape) for s in lay.slots], lay.padded,
-                                        b.home, b.lo, b.hi, flat, bucket=b))
+            for chain in chains(blk.layouts):
+                bs = [by_layout[id(lay)] for lay in chain]
+                padded = sum(lay.padded for lay in chain)
+                parts, params, base, host_off = [], [], 0, 0
+                for lay, b in zip(chain, bs, strict=True):
+                    parts.append((b, base, host_off))
+                    params += [(pc.param, base + pc.offset, pc.tensor.shape) for pc in lay.slots if pc.start == 0]
+                    base += lay.padded
+                    host_off += b.shard_numel
+                # the buckets' homes are consecutive slices of one host request (engine._flow_store_requests)
+                first = bs[0].home
+                host = first.as_strided((host_off,), (1,), first.storage_offset())
+                blk.stores.append(Store(params, padded, host, parts, dev.empty(padded, first.dtype, "flow")))
             frozen = [p for p in blk.params if id(p) not in {id(s.param) for s in blk.slots}]
             if frozen:
                 blk.stores.append(self._frozen_store(frozen))
@@ -283,7 +308,7 @@ class WeightFlow:
             host[off: off + p.numel()].copy_(p.data.reshape(-1))
             offs.append((p, off, p.shape))
             off += p.numel()
-        return Store(offs, n, host, 0, n, dev.empty(n, dtype, "flow"))
+        return Store(offs, n, host, [(None, 0, 0)], dev.empty(n, dtype, "flow"))
 
     # ------------------------------------------------------------------------------------------
     # fetch and release
@@ -296,7 +321,7 @@ class WeightFlow:
         if not self.device.enabled("flow fetch: waits for the upload count"):
             pending = []
         else:
-            pending = [st.bucket for st in blk.stores if st.bucket is not None and not st.bucket.uploaded.is_set()]
+            pending = [b for st in blk.stores for b in st.buckets if not b.uploaded.is_set()]
         if pending and not demand and not self.comm.active:
             return False
         for b in pending:
@@ -312,9 +337,14 @@ class WeightFlow:
         dev.wait_stream(self.stream, cur, "flow fetch: copy waits for compute")
         with dev.stream(self.stream):
             for st in blk.stores:
-                st.device_flat[st.lo: st.hi].copy_(st.host, non_blocking=True)
-                if st.bucket is not None:
-                    st.gather = self.comm.all_gather(st.device_flat, st.device_flat[st.lo: st.hi], worker=False)
+                for b, base, h in st.parts:
+                    if b is None:  # frozen weights: whole on every rank
+                        st.device_flat.copy_(st.host, non_blocking=True)
+                        continue
+                    n = b.shard_numel
+                    st.device_flat[base + b.lo: base + b.hi].copy_(st.host[h: h + n], non_blocking=True)
+                    whole = st.device_flat[base: base + b.layout.padded]
+                    st.gathers.append(self.comm.all_gather(whole, whole[b.lo: b.hi], worker=False))
             dev.record(blk.event, self.stream, "flow fetch: weights copied")
         for st in blk.stores:
             for p, off, shape in st.params:
@@ -337,9 +367,10 @@ class WeightFlow:
 
     def _wait_gathers(self, blk: FlowBlock) -> None:
         for st in blk.stores:
-            if st.gather is not None:
-                self.comm.wait(st.gather)
-                st.gather = None
+            for g in st.gathers:
+                if g is not None:
+                    self.comm.wait(g)
+            st.gathers = []
 
     def _release(self, blk: FlowBlock) -> None:
         if not blk.resident:
@@ -350,7 +381,7 @@ class WeightFlow:
         dev.wait_event(dev.current_stream(), blk.event, "flow release: waits for the fetch copy")
         for st in blk.stores:
             for p, off, shape in st.params:
-                p.data = st.placeholder(p, off, shape, sharded=st.bucket is not None and self.comm.active)
+                p.data = st.placeholder(p, off, shape, sharded=bool(st.buckets) and self.comm.active)
             dev.storage_free(st.device_flat, "flow", "flow release")
             st.device_flat.untyped_storage().resize_(0)
         blk.resident = False
@@ -378,9 +409,9 @@ class WeightFlow:
             # resident across a host step (a forward that raised before its release, a materialized()
             # block): refetch rather than run on the old weights. A step whose host tasks have not yet
             # reached this block's stores marks it stale only when they do: wait for them first
-            for st in blk.stores:
-                if st.bucket is not None and not st.bucket.uploaded.is_set():
-                    self.worker.wait_event(st.bucket.uploaded)
+            for b in (b for st in blk.stores for b in st.buckets):
+                if not b.uploaded.is_set():
+                    self.worker.wait_event(b.uploaded)
             if blk.stale:
                 self._release(blk)
         if blk is not None and not blk.resident:

@@ -3,10 +3,10 @@
 A *unit* is the parameters one forward op needs: the embedding, one block, the final norm (+ an untied
 LM head). Gradients arrive head first, then blocks last-to-first, then the embedding (a tied
 embedding/head matrix completes only at the very end). Buckets are packed by the packer the
-SuperOffload engine uses (``superoffload.packing.pack_whole_tensors``) on the shape's parameter tensors
+SuperOffload engine uses (``superoffload.packing.pack_pieces``) on the shape's parameter tensors
 (``ModelShape.param_tensors``) in reverse registration order, so ``device_tail_buckets`` means the same
-buckets here as in the engine: whole tensors, a new bucket when the next tensor would overflow
-``bucket_size``, a tensor larger than a bucket alone in its own.
+buckets here as in the engine: a new bucket when the next tensor would overflow ``bucket_size``, a
+tensor larger than ``bucket_size`` split over buckets of its own (its last piece shared).
 
 For simulation speed, consecutive real buckets are merged into at most ``max_groups`` *groups*; a
 group's op costs are the sum of its real buckets' costs (each real bucket still pays its own per-copy
@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from superoffload.packing import pack_whole_tensors, tail_start
+from superoffload.packing import pack_pieces, tail_start
 from superoffload.shapes import EMBEDDING_UNIT, FINAL_UNIT, ModelShape, block_unit
 
 EMB = EMBEDDING_UNIT
@@ -62,12 +62,16 @@ class BucketGroup:
         return self.pieces[-1][0]
 
 
-def pack_buckets(shape: ModelShape, bucket_size: int) -> list[list[tuple[str, int]]]:
-    """The engine's buckets in arrival order, each as merged (unit, params) pieces."""
+def pack_buckets(shape: ModelShape, bucket_size: int, world: int = 1,
+                 split: bool = True) -> list[list[tuple[str, int]]]:
+    """The engine's buckets in arrival order, each as merged (unit, params) pieces. `world` sets where a
+    split tensor is cut (at most `world` * 16 elements apart from one rank's cut: timing ignores it);
+    `split` off packs whole tensors (the peers' buckets)."""
     if bucket_size <= 0:
         raise ValueError("bucket_size must be positive")
     arrival = list(reversed(shape.param_tensors()))
-    return [_merge([arrival[i] for i in b]) for b in pack_whole_tensors([n for _, n in arrival], bucket_size)]
+    return [_merge([(arrival[pos][0], n) for pos, _, n in b])
+            for b in pack_pieces([n for _, n in arrival], bucket_size, world, split)]
 
 
 def _merge(pieces: list[tuple[str, int]]) -> list[tuple[str, int]]:
@@ -80,20 +84,22 @@ def _merge(pieces: list[tuple[str, int]]) -> list[tuple[str, int]]:
     return out
 
 
-def split_params(shape: ModelShape, device_tail_buckets: int, bucket_size: int) -> tuple[int, int]:
+def split_params(shape: ModelShape, device_tail_buckets: int, bucket_size: int,
+                 split: bool = True) -> tuple[int, int]:
     """(host params, device-tail params): the tail is the last ``device_tail_buckets`` engine buckets of
     backward."""
-    sizes = [sum(p for _, p in b) for b in pack_buckets(shape, bucket_size)]
+    sizes = [sum(p for _, p in b) for b in pack_buckets(shape, bucket_size, split=split)]
     tail = sum(sizes[tail_start(len(sizes), device_tail_buckets):])
     return sum(sizes) - tail, tail
 
 
 def bucket_groups(shape: ModelShape, bucket_size: int, device_tail_buckets: int,
-                  max_groups: int = 48, max_tail_groups: int = 8, last_host: int = 0) -> list[BucketGroup]:
+                  max_groups: int = 48, max_tail_groups: int = 8, last_host: int = 0,
+                  split: bool = True) -> list[BucketGroup]:
     """Groups of consecutive engine buckets in arrival order: host buckets first, then the device tail.
     ``last_host``: the last that many host buckets (the first in forward order: those an upload ring
     lets speculate, config ``upload_slots``) are grouped apart from the others, so the model sees them."""
-    packed = pack_buckets(shape, bucket_size)
+    packed = pack_buckets(shape, bucket_size, split=split)
     n_tail = len(packed) - tail_start(len(packed), device_tail_buckets)
     host = packed[:len(packed) - n_tail]
     last = min(last_host, len(host))

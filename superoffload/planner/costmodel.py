@@ -311,7 +311,9 @@ class _Builder:
         self.host_shares_compute = hw.device_is_host and host_cores_per_rank(w, hw) < 2
         self.graph = Graph({HOST: COMPUTE} if self.host_shares_compute else None)
         bucket = w.shape.block_params() if spec.all_layers_stream else spec.bucket_size
-        self.groups = bk.bucket_groups(w.shape, bucket, spec.device_tail_buckets, last_host=spec.upload_slots)
+        # only SuperOffload splits a tensor larger than a bucket; the peers' buckets hold whole tensors
+        self.groups = bk.bucket_groups(w.shape, bucket, spec.device_tail_buckets, last_host=spec.upload_slots,
+                                       split=spec.name == "superoffload")
         self.layers = w.shape.layers
         self.world = max(1, spec.world)
         # the share of a bucket (or layer) this rank's optimizer owns
@@ -718,7 +720,7 @@ def estimate_memory(w: Workload, hw: HardwareProfile, spec: SystemSpec, opts: Op
         if world > 1:
             m.device["ddp_gradient_buckets"] = FP32 * n  # DDP's buckets keep a second copy of the grads
         return m
-    _, tail = bk.split_params(sh, spec.device_tail_buckets, spec.bucket_size)
+    _, tail = bk.split_params(sh, spec.device_tail_buckets, spec.bucket_size, split=spec.name == "superoffload")
     streamed = layer * len(spec.flow_layers)
     if spec.all_layers_stream:
         # two layers in flight: fp32 staging + bf16 copy, plus one layer's fp32 and bf16 grads

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from superoffload.packing import chains
 from superoffload.shapes import ModelShape
 
 BF16 = 2
@@ -284,11 +285,11 @@ def engine_memory(shape: ModelShape, seq: int, batch: int, checkpointing: bool, 
         if not m.upload_slots:
             host["upload"] = host.get("upload", 0) + _aligned(n * ubytes)
         host["norms"] = host.get("norms", 0) + _aligned(NORM_BYTES)
-        if b.flow_block is not None:
-            host["flow_stores"] = host.get("flow_stores", 0) + _aligned(n * p)
         host["master_m_v"] = host.get("master_m_v", 0) + state // FP32 * _aligned(n * FP32)
         if m.rollback_mode == "full_copy":
             host["spare"] = host.get("spare", 0) + state // FP32 * _aligned(n * FP32)
+    for chain in chains([b for b in host_b if b.flow_block is not None]):  # one store per chain
+        host["flow_stores"] = host.get("flow_stores", 0) + _aligned(sum(b.padded // world for b in chain) * p)
     if m.upload_slots and host_b:
         host["upload"] = m.upload_slots * _aligned(max(b.padded // world for b in host_b) * ubytes)
     if m.offload_checkpoints and checkpointing:

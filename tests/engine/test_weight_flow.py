@@ -253,8 +253,9 @@ class _Tied(torch.nn.Module):
     (model_fn(), {"flow_layers": [1], "flow_module_list": "a..b"}, "dotted attribute path"),
     (model_fn("llama-tiny"), {"flow_layers": [2]}, r"model.model.layers has 2 blocks"),
     (lambda: torch.nn.Sequential(torch.nn.Linear(4, 4)), {"flow_layers": [0]}, "set flow_module_list"),
-    (model_fn(), {"flow_layers": [0], "bucket_size": 40_000, "device_tail_buckets": 2},
-     r"device_tail_buckets=2 can put weights of flowed layer\(s\) \[0\].*Lower device_tail_buckets"),
+    # the tied embedding (131,072 elements, the last to arrive) fills the last 4 buckets of 40,000: 6 reach layer 0
+    (model_fn(), {"flow_layers": [0], "bucket_size": 40_000, "device_tail_buckets": 6},
+     r"device_tail_buckets=6 can put weights of flowed layer\(s\) \[0\].*Lower device_tail_buckets"),
     (_Tied, {"flow_layers": [1]}, "shared with another module cannot flow"),
 ])
 def test_bad_flow_config_fails_at_initialize(make, cfg, msg):

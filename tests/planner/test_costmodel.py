@@ -69,9 +69,13 @@ def test_uploads_waiting_for_validation_cost_at_most_the_overlap_they_give_up() 
     """The engine's uploads wait for validation (speculative weights kept apart until step()); writing
     them during backward could only start them earlier. On gh200 at the paper's Fig 10 point the
     difference is the few buckets whose host step ends before backward does: small (docs/cost_model.md)."""
+    from superoffload.planner.plan import make_plan
+
     hw = get_profile("gh200")
     w = Workload(get_shape("gpt-1b"), 1024, 8)
-    opts = Options(bucket_size=10_878_678, device_tail_buckets=24, param_cast="device")  # the gh200 plan
+    plan = make_plan(w.shape, w.seq, w.batch, hw)  # at the plan's own bucket size and tail
+    opts = Options(bucket_size=plan.bucket_size, device_tail_buckets=plan.device_tail_buckets,
+                   grad_cast=plan.grad_cast, param_cast=plan.param_cast, upload_slots=plan.upload_slots)
     apart = predict("superoffload", w, hw, opts)
     live = predict("superoffload", w, hw, opts, spec_changes={"return_waits_validation": False})
     assert apart.step_time_s >= live.step_time_s * (1 - 1e-12)

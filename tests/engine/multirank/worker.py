@@ -122,18 +122,21 @@ def scenario_save(a, rank: int, world: int) -> dict:
     engine.save_checkpoint(a.ckpt, tag="step")
     saved = engine.state_dict()
     rest = train(engine, state, rank, world, a.steps, start=a.split)
-    return {"saved": saved, "final": engine.state_dict(), "losses": rest["losses"], "digests": rest["digests"]}
+    return {"saved": saved, "final": engine.state_dict(), "losses": rest["losses"], "digests": rest["digests"],
+            "split": sorted(s.name for s in engine.slots if len(s.pieces) > 1)}
 
 
 def scenario_resume(a, rank: int, world: int) -> dict:
-    cfg = {"optimizer": OPT, "precision": "bf16", "bucket_size": 40_000, "device_tail_buckets": 1,
+    """`--resume-bucket`: another bucket_size than the save's (another layout: every rank's file is read)."""
+    cfg = {"optimizer": OPT, "precision": "bf16", "bucket_size": a.resume_bucket or 40_000, "device_tail_buckets": 1,
            "speculation_policy": {"max_rollback_rate": 1.0}, "device": a.device}
     model = build_model(get_shape("gpt-tiny"), seq=SEQ, seed=123)  # every weight must come from the checkpoint
     engine = superoffload.initialize(model, cfg)
     engine.load_checkpoint(a.ckpt, tag="step")
     loaded = engine.state_dict()
     rest = train(engine, {"step": -1, "boundary": False}, rank, world, a.steps, start=a.split)
-    return {"loaded": loaded, "final": engine.state_dict(), "losses": rest["losses"], "digests": rest["digests"]}
+    return {"loaded": loaded, "final": engine.state_dict(), "losses": rest["losses"], "digests": rest["digests"],
+            "split": sorted(s.name for s in engine.slots if len(s.pieces) > 1)}
 
 
 def scenario_mixed(a, rank: int, world: int) -> dict:
@@ -242,6 +245,7 @@ def main() -> None:
     ap.add_argument("--flow", default="")
     ap.add_argument("--groups", action="store_true")
     ap.add_argument("--ckpt", default="")
+    ap.add_argument("--resume-bucket", type=int, default=0)
     ap.add_argument("--hang", action="store_true")
     ap.add_argument("--sp", type=int, default=1)
     a = ap.parse_args()
