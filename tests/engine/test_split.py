@@ -120,8 +120,12 @@ def test_speculation_with_a_tail_bucket_holding_part_of_a_tensor(device, slots, 
         assert torch.equal(a, b)
     s = spec.stats["speculation"]
     assert s["speculated"] == steps and s["rolled_back"] == s["clipped"] + s["skipped"] > 0
-    if slots:
-        assert spec.stats["upload_slots"] == slots
+    if slots:  # the record lists the ring's uses and waits (on sim a copy is done when issued: no waits)
+        ring = spec.stats["upload_ring"]
+        assert spec.stats["upload_slots"] == slots and ring["uses"] > 0 and ring["waits"] == 0
+        assert ring["wait_s"] >= 0
+    else:
+        assert spec.stats["upload_ring"] is None
 
 
 @pytest.mark.parametrize("device", ["host", "sim"])
