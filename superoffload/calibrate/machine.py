@@ -39,10 +39,8 @@ from superoffload.planner.hardware import (
 from superoffload.planner.overhead import CLIP_BYTES_PER_PARAM
 from superoffload.planner.presets import ADAM_8B_SECONDS, ATTENTION_FACTOR, MATMUL_EFFICIENCY, physical_memory_bytes
 
-# Ratios between host Adam kernels from the authors' GraceAdam table (the 8B row the presets use), only
-# for a kernel this machine cannot run; the profile's notes say which ones were derived.
-_ADAM_RATIO_TO_TORCH = {k: ADAM_8B_SECONDS["torch"] / t for k, t in ADAM_8B_SECONDS.items()}
-
+# Ratios between host Adam kernels come from the authors' GraceAdam table (ADAM_8B_SECONDS, the 8B row the
+# presets use), only for a kernel this machine cannot run; the profile's notes say which ones were derived.
 
 
 def _best(fn: Callable[[], None], repeats: int, sync: Callable[[], None] = lambda: None) -> float:
@@ -239,6 +237,36 @@ def _attention_factor(device: str, dtype: torch.dtype, quick: bool, matmul: floa
     return min(1.0, flops / t / matmul)
 
 
+def _adam_thread_rates(n: int, threads: int) -> dict[str, dict[str, float]]:
+    """GraceAdam's and torch's fused AdamW's rates at 1, 2, 4, ... threads up to this process's usable CPUs
+    (and that count itself), other than ``threads`` (the profile's own rate): a rank's host worker runs at the
+    threads its share of the host gives it (costmodel.host_share). DeepSpeed's kernel takes its OpenMP threads
+    from the environment when it loads, so it is measured at ``threads`` only. The thread counts are restored."""
+    from superoffload.planner.presets import usable_cpus
+
+    cpus = usable_cpus()
+    counts = sorted({t for t in [2**i for i in range(8) if 2**i <= cpus] + [cpus] if t != threads})
+    if not counts:
+        return {}
+    table: dict[str, dict[str, float]] = {}
+    before = torch.get_num_threads()
+    p = torch.nn.Parameter(torch.randn(n))
+    p.grad = torch.randn(n)
+    try:
+        opt = torch.optim.AdamW([p], lr=1e-3, fused=True)
+    except (RuntimeError, TypeError):
+        opt = torch.optim.AdamW([p], lr=1e-3)
+    try:
+        for t in counts:
+            set_threads(t)
+            rates = {"torch": n * ADAM_BYTES_PER_PARAM / _best(opt.step, 3) / GB}
+            rates.update(_grace_adam_rate(n))
+            table[str(t)] = rates
+    finally:
+        set_threads(threads if threads else before)
+    return table
+
+
 def _adam_rates(quick: bool) -> tuple[dict[str, float], list[str]]:
     n = 2**21 if quick else 2**24
     p = torch.randn(n)
@@ -263,10 +291,16 @@ def _adam_rates(quick: bool) -> tuple[dict[str, float], list[str]]:
         if ds:
             notes.append(f"host Adam 'cpuadam' measured with DeepSpeedCPUAdam on {n} params")
         rates.update(ds)
-    for kind, ratio in _ADAM_RATIO_TO_TORCH.items():
+    # a kernel this machine cannot run gets the table's ratio to the measured GraceAdam (to torch without it):
+    # the table's own fastest kernel is GraceAdam, so a derived rate never outranks a measured GraceAdam (from
+    # torch, whose CPU Adam on Grace is multi-pass, it made a --quick profile's DeepSpeedCPUAdam 2.4x torch and
+    # the planner's choice)
+    base = "grace" if "grace" in rates else "torch"
+    for kind, seconds in ADAM_8B_SECONDS.items():
         if kind not in rates:
-            rates[kind] = rates["torch"] * ratio
-            notes.append(f"host Adam '{kind}' not measured here: torch rate x {ratio:.2f} (GraceAdam table)")
+            ratio = ADAM_8B_SECONDS[base] / seconds
+            rates[kind] = rates[base] * ratio
+            notes.append(f"host Adam '{kind}' not measured here: {base} rate x {ratio:.2f} (GraceAdam table)")
     return rates, notes
 
 
@@ -354,6 +388,9 @@ def _cpu_profile(quick: bool, systems: bool = True) -> HardwareProfile:
     memcpy = Curve(sizes, gbps)
     cast = _cast_gbps("cpu", 2**22 if quick else 2**25, lambda: None)
     adam, notes = _adam_rates(quick)
+    by_threads = _adam_thread_rates(2**21 if quick else 2**24, threads)
+    if by_threads:
+        notes.append("host Adam also measured at " + ", ".join(sorted(by_threads, key=int)) + " thread(s)")
     notes.append(f"matmul fp32 {fp32 / 1e9:.1f} GFLOP/s, bf16 {bf16 / 1e9:.1f} GFLOP/s at n={n}, "
                  f"{threads} torch threads")
     notes.append("CPU-only profile: device = host, link = memcpy; peak FLOPS = the measured matmul rate")
@@ -368,6 +405,8 @@ def _cpu_profile(quick: bool, systems: bool = True) -> HardwareProfile:
         attention_factor=_attention_factor("cpu", torch.float32, quick, matmul, lambda: None),
         device_hbm_bytes=mem, device_hbm_gbps=2 * max(gbps), device_cast_gbps=cast,
         host_adam_gbps=adam, host_cores=os.cpu_count() or 1, host_memory_bytes=mem,
+        # the compute and host Adam rates above were measured at this many threads
+        compute_threads=threads, host_adam_threads=threads, host_adam_by_threads=by_threads or None,
         host_cast_gbps=cast, sync_latency_s=_thread_sync_latency(),
         device_reserve_bytes=min(2**30, mem // 16), host_reserve_bytes=min(4 * 2**30, mem // 8),
         device_is_host=True, notes=notes,
@@ -417,6 +456,8 @@ def _cuda_profile(quick: bool, systems: bool = True) -> HardwareProfile:
         ev.synchronize()
 
     adam, notes = _adam_rates(quick)
+    threads = torch.get_num_threads()
+    by_threads = _adam_thread_rates(2**21 if quick else 2**24, threads)
     notes.append(f"device {name}; peak {'from table' if table_peak is not None else 'estimated'}")
     return HardwareProfile(
         name=f"{name.lower().replace(' ', '-')}-calibrated",
@@ -426,6 +467,7 @@ def _cuda_profile(quick: bool, systems: bool = True) -> HardwareProfile:
         device_hbm_bytes=props.total_memory, device_hbm_gbps=hbm_gbps,
         device_cast_gbps=_cast_gbps("cuda", 2**26 if quick else 2**28, sync),
         host_adam_gbps=adam, host_cores=os.cpu_count() or 1, host_memory_bytes=physical_memory_bytes(),
+        host_adam_threads=threads, host_adam_by_threads=by_threads or None,
         host_cast_gbps=_cast_gbps("cpu", 2**22 if quick else 2**26, lambda: None),
         sync_latency_s=_best(event_roundtrip, 20), notes=notes,
         matmul_curve=_matmul_curve("cuda", torch.bfloat16, quick, sync, pool_bytes=256 * MB),

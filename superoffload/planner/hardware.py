@@ -171,14 +171,38 @@ class HardwareProfile:
     # {kind: [...]}, "latency_s": {kind: a}, "gbps": {kind: b}, "worker_issue_s"} (calibrate/collectives.py).
     # When present they replace the link numbers above for that class (docs/cost_model.md, "Collectives").
     collectives: dict[str, dict[str, Any]] | None = None
+    # Threads. `compute_threads`: the compute threads the compute rates stand for when the device is the host
+    # (calibrate: its --threads; this-cpu: every usable CPU, whose compute it scales to; None: unknown, taken
+    # as 1). `host_adam_threads`: the threads `host_adam_gbps` was measured at (None: the whole host, as the
+    # presets' published rates are). `host_adam_by_threads`: calibrate's host Adam rates at other thread
+    # counts, {"threads": {kind: GB/s}} (JSON keys are strings); the cost model prices a rank's host Adam at
+    # the threads the rank's host worker has (docs/cost_model.md, "Host cores per rank").
+    compute_threads: int | None = None
+    host_adam_threads: int | None = None
+    host_adam_by_threads: dict[str, dict[str, float]] | None = None
 
     # --- derived rates ---------------------------------------------------------------------------
-    def host_adam_seconds(self, params: float, host_optimizer: str, extra_bytes_per_param: float = 0.0) -> float:
+    def host_adam_rate(self, host_optimizer: str, threads: int | None = None) -> float:
+        """Effective GB/s (28 B/param) of one host Adam kernel at `threads` threads: the measured rate at the
+        largest measured thread count not above `threads` (never extrapolated upward); without measurements
+        at other counts, or for `threads` None, the profile's rate."""
         try:
             gbps = self.host_adam_gbps[host_optimizer]
         except KeyError:
             raise ValueError(f"profile {self.name!r} has no host Adam rate for {host_optimizer!r}; "
                              f"has {sorted(self.host_adam_gbps)}") from None
+        if threads is None or not self.host_adam_by_threads:
+            return gbps
+        table = {int(t): r for t, r in self.host_adam_by_threads.items() if host_optimizer in r}
+        if self.host_adam_threads is not None:
+            table.setdefault(self.host_adam_threads, {host_optimizer: gbps})
+        below = [t for t in table if t <= threads]
+        # fewer threads than any measurement (calibrate always measures 1): the closest, the fewest measured
+        return table[max(below) if below else min(table)][host_optimizer]
+
+    def host_adam_seconds(self, params: float, host_optimizer: str, extra_bytes_per_param: float = 0.0,
+                          threads: int | None = None) -> float:
+        gbps = self.host_adam_rate(host_optimizer, threads)
         return params * (ADAM_BYTES_PER_PARAM + extra_bytes_per_param) / (gbps * GB)
 
     def device_adam_seconds(self, params: float) -> float:
