@@ -52,6 +52,13 @@ class Workload:
     sp: int = 1  # Ulysses sequence-parallel degree: each group of sp consecutive ranks shares its sequences
     offload_checkpoints: bool = False  # checkpointed blocks' inputs in host memory (ActivationOffloader)
     loss_tile: int | None = None  # tokens per tile of the tiled cross-entropy; None: the plain loss
+    # The host a rank may use (docs/cost_model.md, "Host cores per rank"); None: the profile's defaults
+    # (host_share). `cores_per_rank`: the cores of the rank's host (a `bench run --bind-cores` slice);
+    # `compute_threads`: the threads its compute runs on when the device is the host (torch's intra-op
+    # pool); `host_threads`: the host optimizer's threads (engine config `host_threads`)
+    cores_per_rank: float | None = None
+    compute_threads: int | None = None
+    host_threads: int | None = None
 
     def __post_init__(self) -> None:
         if self.chips < 1 or (self.ranks_per_node is not None and self.ranks_per_node < 1):
@@ -70,6 +77,12 @@ class Workload:
         if self.loss_tile is not None and (not isinstance(self.loss_tile, int) or isinstance(self.loss_tile, bool)
                                            or self.loss_tile < 1):
             raise ValueError(f"loss_tile must be a positive number of tokens (or None), got {self.loss_tile!r}")
+        if self.cores_per_rank is not None and not self.cores_per_rank > 0:
+            raise ValueError(f"cores_per_rank must be > 0, got {self.cores_per_rank!r}")
+        for name in ("compute_threads", "host_threads"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+                raise ValueError(f"{name} must be a positive integer (or None), got {v!r}")
 
     @property
     def dp(self) -> int:
@@ -291,13 +304,49 @@ class _IterMarks:
 
 
 def host_cores_per_rank(w: Workload, hw: HardwareProfile) -> float:
-    """The host's cores over the ranks that share it: on a device that is the host every rank of a node runs
-    on that node's cores (``bench run --nproc W --bind-cores`` gives each a slice); elsewhere each chip has a
-    host of its own."""
+    """The cores of one rank's host: ``Workload.cores_per_rank`` when given (a ``bench run --bind-cores``
+    slice); else, on a device that is the host, the host's cores over the ranks of a node, which all run on
+    them; elsewhere each chip has a host of its own."""
+    if w.cores_per_rank is not None:
+        return float(w.cores_per_rank)
     if not hw.device_is_host:
         return float(hw.host_cores)
     per_node = w.ranks_per_node or min(w.chips, max(1, hw.chips_per_node))
     return hw.host_cores / max(1, min(w.chips, per_node))
+
+
+@dataclass(frozen=True)
+class HostShare:
+    """What one rank's host can give its host worker (docs/cost_model.md, "Host cores per rank")."""
+
+    cores: float  # the rank's cores
+    compute_threads: int | None  # threads of the rank's compute when the device is the host (None: a GPU)
+    host_threads: int  # threads the host optimizer runs at
+    own_core: bool  # the host worker has a core the compute does not use: host work overlaps compute
+
+    def describe(self) -> str:
+        compute = "" if self.compute_threads is None else f", compute on {self.compute_threads} thread(s)"
+        where = ("its own core(s), beside the compute" if self.own_core
+                 else "the core(s) the rank computes on: nothing it does overlaps compute")
+        return (f"{self.cores:g} host core(s) per rank{compute}; the host worker ({self.host_threads} optimizer "
+                f"thread(s)) runs on {where}")
+
+
+def host_share(w: Workload, hw: HardwareProfile) -> HostShare:
+    """The rank's cores, its compute threads and the host worker's threads, and whether the worker has a core
+    of its own. On a device that is the host the compute takes ``compute_threads`` of the rank's cores (the
+    run's, else the profile's, else 1) and the worker has a core of its own only when one is left; its
+    optimizer threads are the run's ``host_threads``, else the cores left (at least 1), as ``bench run
+    --bind-cores`` sets them (harness/placement.py). A GPU's host computes nothing: the worker has its cores
+    (its threads: the run's, else the profile's measured count)."""
+    cores = host_cores_per_rank(w, hw)
+    if not hw.device_is_host:
+        threads = w.host_threads or hw.host_adam_threads or max(1, int(cores))
+        return HostShare(cores, None, threads, True)
+    compute = w.compute_threads or hw.compute_threads or 1
+    spare = int(cores + 1e-9) - compute
+    threads = w.host_threads or max(1, spare)
+    return HostShare(cores, compute, threads, spare >= 1)
 
 
 class _Builder:
@@ -306,10 +355,20 @@ class _Builder:
     def __init__(self, w: Workload, hw: HardwareProfile, spec: SystemSpec) -> None:
         self.w, self.hw, self.spec = w, hw, spec
         self.costs = _Costs(w, hw)
-        # a device that is the host, with fewer than two cores per rank: the host worker (optimizer steps,
-        # casts) has no core of its own and runs on the one the rank computes on, so nothing overlaps
-        self.host_shares_compute = hw.device_is_host and host_cores_per_rank(w, hw) < 2
-        self.graph = Graph({HOST: COMPUTE} if self.host_shares_compute else None)
+        self.share = host_share(w, hw)
+        # a device that is the host, without a core for the host worker beside the compute threads: the
+        # worker's ops (optimizer steps, casts) run on the cores the rank computes on, and so do gloo's
+        # collectives (CPU threads of the process group), so none of them overlaps compute. With a core of
+        # its own the worker's core also runs the collectives' threads
+        self.host_shares_compute = hw.device_is_host and not self.share.own_core
+        aliases = ({HOST: COMPUTE, NET: COMPUTE} if self.host_shares_compute
+                   else {NET: HOST} if hw.device_is_host else None)
+        self.graph = Graph(aliases)
+        # a device that is the host: the engine waits for each bucket's gradient reduce-scatter on the training
+        # thread (engine/engine.py `_launch`: comm.wait, a blocking wait on a CPU process group, where on CUDA it
+        # is a stream wait), so backward continues only once it is done
+        self.reduce_blocks_compute = hw.device_is_host and spec.name == "superoffload"
+        self._blocking: list[int] = []
         bucket = w.shape.block_params() if spec.all_layers_stream else spec.bucket_size
         self.groups = bk.bucket_groups(w.shape, bucket, spec.device_tail_buckets, last_host=spec.upload_slots)
         self.layers = w.shape.layers
@@ -444,7 +503,7 @@ class _Builder:
             fetched = graph.add(f"it{it}.ckpt_h2d{self.layers - 1}", H2D, costs.ckpt_h2d,
                                 [prev, self._ckpt_d2h[-1]], "ckpt_h2d", it)
         for i in reversed(range(self.layers)):
-            deps = [prev]
+            deps = [prev] + self._take_blocking()
             if i in self.stream:
                 deps += self._fetch(it, i, [], slot_users, "b")
             if self.w.activation_checkpointing:
@@ -462,10 +521,17 @@ class _Builder:
             prev = self._all_to_all(it, f"b{i}", prev)
             grad_ready[bk.layer_unit(i)] = prev
             emitted = self._emit_ready(it, grad_ready, emitted, last_micro, iter_ops)
-        prev = graph.barrier(f"it{it}.bwd_emb", [prev], it)
+        prev = graph.barrier(f"it{it}.bwd_emb", [prev] + self._take_blocking(), it)
         grad_ready[bk.EMB] = prev
         self._emit_ready(it, grad_ready, emitted, last_micro, iter_ops)
+        if self._blocking:  # the embedding's bucket: backward returns once its reduce-scatter is done
+            prev = graph.barrier(f"it{it}.bwd_end", [prev] + self._take_blocking(), it)
         return prev
+
+    def _take_blocking(self) -> list[int]:
+        """The collectives the training thread has waited for since the last compute op (then forgotten)."""
+        out, self._blocking = self._blocking, []
+        return out
 
     # -- bucket stages up to the host step --------------------------------------------------------
     _norm_ops: list[int]
@@ -490,6 +556,8 @@ class _Builder:
         t = self.costs.collective(spec.grad_reduce, n * spec.grad_reduce_bytes, calls=self.groups[j].real_buckets)
         op = self.graph.add(f"it{it}.{spec.grad_reduce}{j}", NET, t, [last], spec.grad_reduce, it)
         self._norm_ops.append(op)
+        if self.reduce_blocks_compute:
+            self._blocking.append(op)
         return op
 
     def _grad_path(self, it: int, j: int, ready: int) -> dict[str, Any]:
@@ -548,7 +616,7 @@ class _Builder:
                 step_ops.append(op)
                 continue
             deps = [p["ready"]] + ([validate] if spec.host_waits_backward else [])
-            t = (hw.host_adam_seconds(shard, spec.host_optimizer, spec.spec_extra_bytes)
+            t = (hw.host_adam_seconds(shard, spec.host_optimizer, spec.spec_extra_bytes, self.share.host_threads)
                  + group.real_buckets * hw.sync_latency_s)
             adam = graph.add(f"it{it}.hadam{p['j']}", HOST, t, deps, "host_adam", it)
             step_ops.append(adam)
@@ -558,7 +626,7 @@ class _Builder:
         for p in reversed(at_publish):
             adams.append((p["j"], self._step_at_publish(it, p, validate, step_ops)))
         # the deferred commit passes run after every bucket's return (the worker's queue order)
-        commit_gbps = hw.host_adam_gbps[spec.host_optimizer]
+        commit_gbps = hw.host_adam_rate(spec.host_optimizer, self.share.host_threads)
         for j, adam in commits:
             commit_t = self.groups[j].params * self.shard * spec.commit_bytes / (commit_gbps * 1e9)
             step_ops.append(graph.add(f"it{it}.commit{j}", HOST, commit_t, [adam, validate], "host_commit", it))
@@ -573,10 +641,12 @@ class _Builder:
         shard = group.params * self.shard
         latency = group.real_buckets * hw.sync_latency_s
         if spec.commit_bytes:  # deferred
-            t = hw.host_adam_seconds(shard, spec.host_optimizer, spec.spec_extra_bytes) + latency
+            t = (hw.host_adam_seconds(shard, spec.host_optimizer, spec.spec_extra_bytes, self.share.host_threads)
+                 + latency)
             op = graph.add(f"it{it}.padam{p['j']}", HOST, t, [p["ready"], validate], "host_adam", it)
         else:
-            t = hw.host_adam_seconds(shard, spec.host_optimizer, spec.spec_extra_bytes - spec.fused_cast_bytes)
+            t = hw.host_adam_seconds(shard, spec.host_optimizer, spec.spec_extra_bytes - spec.fused_cast_bytes,
+                                     self.share.host_threads)
             adam = graph.add(f"it{it}.hadam{p['j']}", HOST, t + latency, [p["ready"]], "host_adam", it)
             step_ops.append(adam)
             op = graph.add(f"it{it}.pcast{p['j']}", HOST, self.costs.host_cast(shard), [adam, validate],
@@ -816,8 +886,14 @@ def _summarise(system: str, w: Workload, hw: HardwareProfile, opts: Options, spe
     stages = {k: v for k, v in sched.kind_time(it).items() if v > 0}
     notes = list(spec.notes)
     if b.host_shares_compute:
-        notes.append(f"{host_cores_per_rank(w, hw):g} host core(s) per rank: the host's work (optimizer steps, casts) "
-                     "runs on the rank's compute core, not beside it")
+        notes.append(f"{b.share.cores:g} host core(s) per rank, compute on {b.share.compute_threads} thread(s): the "
+                     "host's work (optimizer steps, casts) and the collectives run on the rank's compute core, not "
+                     "beside it")
+    if (hw.device_is_host and hw.compute_threads is not None and b.share.compute_threads is not None
+            and b.share.compute_threads != hw.compute_threads):
+        notes.append(f"compute rates measured at {hw.compute_threads} thread(s), the run computes on "
+                     f"{b.share.compute_threads}: compute predicted at the measured rates (calibrate --threads "
+                     f"{b.share.compute_threads} measures the run's)")
     if w.chips > 1 and not hw.has_interconnect():
         notes.append(f"{hw.name} has no interconnect bandwidths: the collectives of {w.chips} chips cost nothing here")
     return Prediction(
