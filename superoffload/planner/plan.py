@@ -364,11 +364,17 @@ def make_plan(shape: ModelShape, seq: int, batch: int, hardware: HardwareProfile
     rollback, pred = _prefer_full_copy(w, hw, replace(opts, rollback_mode=rollback), pred, reasons, alts)
     on = pred
     off = predict("superoffload", w, hw, replace(opts, rollback_mode="deferred", speculation=False))
-    speculation = off.step_time_s >= on.step_time_s * (1 - SPECULATION_MIN_GAIN)
+    if hw.device_is_host:
+        # one memory system: the worker's passes share the bandwidth the compute uses, which the model does not
+        # charge, so a predicted tie goes to validate-first, one host pass per bucket instead of two
+        speculation = on.step_time_s <= off.step_time_s * (1 - SPECULATION_MIN_GAIN)
+    else:
+        speculation = off.step_time_s >= on.step_time_s * (1 - SPECULATION_MIN_GAIN)
     shares = hw.device_is_host and not host_share(w, hw).own_core
     if speculation:
-        alts["speculation"] = _alternative(True, on, False, off, "the host worker overlaps backward; validate-first "
-                                           f"only for a >= {SPECULATION_MIN_GAIN:.0%} faster step")
+        alts["speculation"] = _alternative(True, on, False, off, "the host worker overlaps backward; " + (
+            f"speculating is >= {SPECULATION_MIN_GAIN:.0%} faster (on a device that is the host a tie validates first)"
+            if hw.device_is_host else f"validate-first only for a >= {SPECULATION_MIN_GAIN:.0%} faster step"))
     else:
         if rollback != "deferred":  # validate-first rolls nothing back: full_copy's 12 B/param buy nothing
             rollback = "deferred"
@@ -385,6 +391,8 @@ def make_plan(shape: ModelShape, seq: int, batch: int, hardware: HardwareProfile
         alts["rollback_mode"] = _alternative("deferred", off, why="speculation is off: nothing to roll back")
         why = ("the host worker has no core beside the compute threads: the speculative pass and the deferred commit "
                "only add to the step" if shares else
+               f"the device is the host and speculating is not >= {SPECULATION_MIN_GAIN:.0%} faster: validate-first "
+               "does one host pass per bucket instead of two on the memory the compute uses" if hw.device_is_host else
                "the host binds: the speculative pass and the deferred commit cost more host time than the overlap "
                "saves")
         alts["speculation"] = _alternative(False, off, True, on, why)
