@@ -25,7 +25,7 @@ import torch
 
 from superoffload.calibrate import compute
 from superoffload.calibrate.threads import set_threads
-from superoffload.harness.noise import NoiseSampler
+from superoffload.harness.noise import OTHERS_BOUND, NoiseSampler
 from superoffload.harness.peak import gpu_peak_flops, store_cpu_peak
 from superoffload.options import PRECISIONS
 from superoffload.planner.hardware import (
@@ -501,6 +501,7 @@ def calibrate(out_path: str | os.PathLike[str] | None = None, quick: bool = Fals
     mem = torch.cuda.get_device_properties(0).total_memory if cuda else physical_memory_bytes()
     if workloads:  # bad names and models too large to profile fail here, before minutes of measuring
         compute.check_workloads(workloads, dtype, mem)
+    sampler = NoiseSampler(children=True).start()  # its subprocesses (systems, collectives) are its own work
     prof = _cuda_profile(quick, systems) if cuda else _cpu_profile(quick, systems)
     if prof.system_step_s:
         from superoffload.calibrate.systems import net_of_model
@@ -524,6 +525,16 @@ def calibrate(out_path: str | os.PathLike[str] | None = None, quick: bool = Fals
                           f"{lat['all_gather'] * 1e6:.0f} us + {gbps['all_gather']:.2f} GB/s, all-reduce "
                           f"{lat['all_reduce'] * 1e6:.0f} us + {gbps['all_reduce']:.2f} GB/s; issuing from the "
                           f"host worker thread {measured['worker_issue_s'] * 1e6:.0f} us")
+    # every number above is a rate of this machine as it was: other processes' CPU time slows them all (a
+    # calibration on a loaded 2-core machine measured gpt-tiny's compute 2.6x slower), so the profile says so
+    others = sampler.others_share()
+    if others is not None:
+        prof.notes.append(f"other processes used {others:.0%} of the CPUs while calibrating")
+        if others > OTHERS_BOUND:
+            prof.notes.append(f"calibrated on a loaded machine (others' CPU share > {OTHERS_BOUND:.0%}): its rates "
+                              "are low; calibrate again on a quiet machine")
+            print(f"superoffload calibrate: warning: other processes used {others:.0%} of the CPUs while calibrating "
+                  "(the rates are this loaded machine's); calibrate again when it is quiet", file=sys.stderr)
     if out_path is not None:
         prof.save(out_path)
     return prof
