@@ -58,10 +58,13 @@ class NoiseSampler:
     wall_before: float = 0.0
     children: bool = False  # count the CPU time of the children it waited for as its own (calibrate's ranks)
 
+    def _own(self) -> float:
+        return _own_cpu_s(True) if self.children else _own_cpu_s()
+
     def start(self) -> NoiseSampler:
         self.load_before = os.getloadavg() if hasattr(os, "getloadavg") else None
         self.jiffies_before = _proc_stat_jiffies()
-        self.own_before = _own_cpu_s(self.children)
+        self.own_before = self._own()
         self.wall_before = time.perf_counter()
         return self
 
@@ -76,7 +79,7 @@ class NoiseSampler:
             return None
         tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
         ncpu = os.cpu_count() or 1
-        own = (_own_cpu_s(self.children) - self.own_before) * tick * max(1, ranks)
+        own = (self._own() - self.own_before) * tick * max(1, ranks)
         return max(0.0, min(1.0, (busy - own) / total)) if total >= ncpu else None
 
     def assess(self, step_times: list[float], ranks: int = 1) -> dict[str, Any]:

@@ -50,3 +50,14 @@ def test_peer_records_take_precision_and_clipping_from_the_run():
     rec = {"system": "zero_offload", "run": {"dtype": "bf16", "grad_clip": 0.0, "grad_accum": 2}}
     opts = run_options(rec)
     assert (opts.precision, opts.clipping, opts.grad_accum) == ("bf16", False, 2)
+
+
+def test_a_multi_rank_record_is_predicted_with_its_ranks_and_host():
+    from superoffload.calibrate.accuracy import run_host
+
+    rec = {"world_size": 2, "placement": {"cores": [1], "bound": True}, "run": {"threads": 1},
+           "system_stats": {"config": {"host_threads": 1}}}
+    assert run_host(rec) == {"chips": 2, "cores_per_rank": 1.0, "compute_threads": 1, "host_threads": 1}
+    # unbound, the ranks share the cores the process could use; an old record says nothing: the defaults
+    assert run_host({"world_size": 2, "placement": {"cores": [0, 1], "bound": False}})["cores_per_rank"] == 1.0
+    assert run_host({}) == {"chips": 1}
