@@ -267,6 +267,70 @@ def _adam_thread_rates(n: int, threads: int) -> dict[str, dict[str, float]]:
     return table
 
 
+def _host_interference(threads: int, quick: bool) -> float | None:
+    """Seconds of compute lost per second a host Adam runs beside it on a core of its own: a small MLP's forward
+    and backward (a training step's kind of compute) at ``threads`` threads, alone and while a second thread
+    streams GraceAdam (torch's fused AdamW without the kernel) over 16M parameters (4M quick) at one thread, as the
+    engine's host worker does. k = 1 - t_alone / t_beside, the median over alternated pairs: 0 when the cores do not
+    interfere; memory bandwidth, shared caches, SMT siblings and other processes' load make it larger (the
+    profile notes the load it was measured under). None where no core is left beside the compute threads."""
+    from superoffload.planner.presets import usable_cpus
+
+    if usable_cpus() < threads + 1:
+        return None
+    x = torch.randn(512, 256)
+    net = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 256))
+
+    def compute() -> float:
+        t0 = time.perf_counter()
+        for _ in range(10):
+            net(x).sum().backward()
+        return time.perf_counter() - t0
+
+    n = 1 << (22 if quick else 24)
+    p, g, m, v = torch.randn(n), torch.randn(n), torch.zeros(n), torch.zeros(n)
+    try:
+        import grace_adam
+
+        grace_adam.set_num_threads(1)
+
+        def adam() -> None:
+            grace_adam.adam_step(p, g, m, v, step=1, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0)
+    except ImportError:
+        q = torch.nn.Parameter(p)
+        q.grad = g
+        opt = torch.optim.AdamW([q], lr=1e-3)
+
+        def adam() -> None:
+            opt.step()
+
+    stop = threading.Event()
+
+    def host() -> None:
+        while not stop.is_set():
+            adam()
+
+    compute()  # warm-up
+    shares = []
+    for _ in range(2 if quick else 5):  # alternated, paired: the median of 1 - alone / beside
+        alone = compute()
+        stop.clear()
+        th = threading.Thread(target=host, daemon=True)
+        th.start()
+        time.sleep(0.02)  # the host thread is streaming before the compute is timed
+        beside = compute()
+        stop.set()
+        th.join()
+        shares.append(1.0 - alone / beside)
+    try:
+        import grace_adam
+
+        grace_adam.set_num_threads(threads)
+    except ImportError:
+        pass
+    return max(0.0, sorted(shares)[len(shares) // 2])
+
+
 def _adam_rates(quick: bool) -> tuple[dict[str, float], list[str]]:
     n = 2**21 if quick else 2**24
     p = torch.randn(n)
@@ -391,6 +455,10 @@ def _cpu_profile(quick: bool, systems: bool = True) -> HardwareProfile:
     by_threads = _adam_thread_rates(2**21 if quick else 2**24, threads)
     if by_threads:
         notes.append("host Adam also measured at " + ", ".join(sorted(by_threads, key=int)) + " thread(s)")
+    interference = _host_interference(threads, quick)
+    if interference is not None:
+        notes.append(f"host interference {interference:.2f}: compute seconds lost per second of host Adam beside it "
+                     f"on a core of its own ({threads} compute thread(s))")
     notes.append(f"matmul fp32 {fp32 / 1e9:.1f} GFLOP/s, bf16 {bf16 / 1e9:.1f} GFLOP/s at n={n}, "
                  f"{threads} torch threads")
     notes.append("CPU-only profile: device = host, link = memcpy; peak FLOPS = the measured matmul rate")
@@ -407,6 +475,7 @@ def _cpu_profile(quick: bool, systems: bool = True) -> HardwareProfile:
         host_adam_gbps=adam, host_cores=os.cpu_count() or 1, host_memory_bytes=mem,
         # the compute and host Adam rates above were measured at this many threads
         compute_threads=threads, host_adam_threads=threads, host_adam_by_threads=by_threads or None,
+        host_interference=interference,
         host_cast_gbps=cast, sync_latency_s=_thread_sync_latency(),
         device_reserve_bytes=min(2**30, mem // 16), host_reserve_bytes=min(4 * 2**30, mem // 8),
         device_is_host=True, notes=notes,

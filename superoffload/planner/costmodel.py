@@ -369,6 +369,10 @@ class _Builder:
         # is a stream wait), so backward continues only once it is done
         self.reduce_blocks_compute = hw.device_is_host and spec.name == "superoffload"
         self._blocking: list[int] = []
+        # a device that is the host, the worker on a core of its own: its work still slows the compute beside it
+        # (memory bandwidth, caches, SMT siblings) by the share calibrate measured; each host op adds that share
+        # of its time to the compute stream, from when it can start
+        self.interference = (hw.host_interference or 0.0) if hw.device_is_host and self.share.own_core else 0.0
         bucket = w.shape.block_params() if spec.all_layers_stream else spec.bucket_size
         self.groups = bk.bucket_groups(w.shape, bucket, spec.device_tail_buckets, last_host=spec.upload_slots)
         self.layers = w.shape.layers
@@ -528,6 +532,13 @@ class _Builder:
             prev = graph.barrier(f"it{it}.bwd_end", [prev] + self._take_blocking(), it)
         return prev
 
+    def _host_op(self, name: str, duration: float, deps: list[int], kind: str, it: int) -> int:
+        """A host worker op, and the compute it costs beside it (``interference``)."""
+        op = self.graph.add(name, HOST, duration, deps, kind, it)
+        if self.interference > 0 and duration > 0:
+            self.graph.add(f"{name}.beside", COMPUTE, self.interference * duration, deps, "host_interference", it)
+        return op
+
     def _take_blocking(self) -> list[int]:
         """The collectives the training thread has waited for since the last compute op (then forgotten)."""
         out, self._blocking = self._blocking, []
@@ -563,6 +574,11 @@ class _Builder:
     def _grad_path(self, it: int, j: int, ready: int) -> dict[str, Any]:
         spec, graph, costs, group = self.spec, self.graph, self.costs, self.groups[j]
         n, real = group.params, group.real_buckets
+        if spec.name == "superoffload":  # the launch's machinery, on the training thread, in backward
+            t = ov.engine_launch_overhead_s(self.hw, n, real)
+            if t > 0:
+                ready = graph.add(f"it{it}.launch{j}", COMPUTE, t, [ready], "system_overhead", it)
+                self._norm_ops.append(ready)
         if group.on_device or spec.device_only:
             return {"j": j, "ready": self._reduce(it, j, ready, n), "device": True}
         last = ready
@@ -578,7 +594,7 @@ class _Builder:
             t = costs.link("d2h", shard, spec.grad_d2h_bytes, real)
             last = graph.add(f"it{it}.d2h{j}", D2H, t, [last], "d2h", it)
         if spec.grad_host_cast:
-            last = graph.add(f"it{it}.hcast{j}", HOST, costs.host_cast(shard), [last], "host_cast", it)
+            last = self._host_op(f"it{it}.hcast{j}", costs.host_cast(shard), [last], "host_cast", it)
         return {"j": j, "ready": last, "device": False}
 
     # -- host step, commit, parameter return, device tail -----------------------------------------
@@ -601,7 +617,11 @@ class _Builder:
         # into; the others step when step() publishes them, after validation, in forward order
         at_publish = [p for p in self._pending if spec.upload_slots and not p["device"]
                       and not self.groups[p["j"]].first_forward and not spec.host_waits_backward]
-        for p in self._pending:
+        # validating first, the engine submits the buckets' steps after validation in the order the next forward
+        # needs them, the last-arriving (first layers) first (engine/engine.py `_validate_and_apply`): the worker
+        # queue is FIFO, so the graph adds them in that order; speculative passes go in arrival order
+        pending = list(reversed(self._pending)) if spec.host_waits_backward else self._pending
+        for p in pending:
             if any(p is q for q in at_publish):
                 continue
             group = self.groups[p["j"]]
@@ -618,7 +638,7 @@ class _Builder:
             deps = [p["ready"]] + ([validate] if spec.host_waits_backward else [])
             t = (hw.host_adam_seconds(shard, spec.host_optimizer, spec.spec_extra_bytes, self.share.host_threads)
                  + group.real_buckets * hw.sync_latency_s)
-            adam = graph.add(f"it{it}.hadam{p['j']}", HOST, t, deps, "host_adam", it)
+            adam = self._host_op(f"it{it}.hadam{p['j']}", t, deps, "host_adam", it)
             step_ops.append(adam)
             if spec.commit_bytes:
                 commits.append((p["j"], adam))
@@ -629,27 +649,27 @@ class _Builder:
         commit_gbps = hw.host_adam_rate(spec.host_optimizer, self.share.host_threads)
         for j, adam in commits:
             commit_t = self.groups[j].params * self.shard * spec.commit_bytes / (commit_gbps * 1e9)
-            step_ops.append(graph.add(f"it{it}.commit{j}", HOST, commit_t, [adam, validate], "host_commit", it))
+            step_ops.append(self._host_op(f"it{it}.commit{j}", commit_t, [adam, validate], "host_commit", it))
         return adams
 
     def _step_at_publish(self, it: int, p: dict[str, Any], validate: int, step_ops: list[int]) -> int:
         """A bucket without an upload slot: deferred, one pass writing state and weights after validation;
         full_copy, the out-of-place pass during backward (no weights) and the weights cast from the new
         master at publish. Returns the op the bucket's return waits for."""
-        spec, graph, hw = self.spec, self.graph, self.hw
+        spec, hw = self.spec, self.hw
         group = self.groups[p["j"]]
         shard = group.params * self.shard
         latency = group.real_buckets * hw.sync_latency_s
         if spec.commit_bytes:  # deferred
             t = (hw.host_adam_seconds(shard, spec.host_optimizer, spec.spec_extra_bytes, self.share.host_threads)
                  + latency)
-            op = graph.add(f"it{it}.padam{p['j']}", HOST, t, [p["ready"], validate], "host_adam", it)
+            op = self._host_op(f"it{it}.padam{p['j']}", t, [p["ready"], validate], "host_adam", it)
         else:
             t = hw.host_adam_seconds(shard, spec.host_optimizer, spec.spec_extra_bytes - spec.fused_cast_bytes,
                                      self.share.host_threads)
-            adam = graph.add(f"it{it}.hadam{p['j']}", HOST, t + latency, [p["ready"]], "host_adam", it)
+            adam = self._host_op(f"it{it}.hadam{p['j']}", t + latency, [p["ready"]], "host_adam", it)
             step_ops.append(adam)
-            op = graph.add(f"it{it}.pcast{p['j']}", HOST, self.costs.host_cast(shard), [adam, validate],
+            op = self._host_op(f"it{it}.pcast{p['j']}", self.costs.host_cast(shard), [adam, validate],
                            "host_cast", it)
         step_ops.append(op)
         return op
@@ -660,14 +680,16 @@ class _Builder:
         bucket or after all steps), device cast; what each unit's next use waits for."""
         spec, graph, costs = self.spec, self.graph, self.costs
         all_adams = graph.barrier(f"it{it}.adams_done", [a for _, a in adams] + [validate], it)
-        for j, adam in adams:
+        # the weights are published in the order the next forward needs them, first layers first (the engine's
+        # finalize order after validation): uploads and all-gathers queue in that order
+        for j, adam in sorted(adams, key=lambda ja: -ja[0]):
             group = self.groups[j]
             streamed = sum(n for u, n in group.pieces if self._is_streamed(u))
             resident = group.params - streamed
             last = adam
             if spec.return_host_cast:
                 t = costs.host_cast(group.params * self.shard)
-                last = graph.add(f"it{it}.rcast{j}", HOST, t, [last], "host_cast", it)
+                last = self._host_op(f"it{it}.rcast{j}", t, [last], "host_cast", it)
             for unit, _ in group.pieces:
                 if self._is_streamed(unit):
                     unit_ready.setdefault(unit, []).append(last)  # next fetch reads the host copy
@@ -718,8 +740,8 @@ class _Builder:
         if opt_t > 0:
             res = COMPUTE if spec.device_only else HOST
             ops.append(graph.add(f"it{it}.opt_overhead", res, opt_t, [validate], "optimizer_overhead", it))
-        buckets = ov.engine_buckets(shape, spec.bucket_size) if spec.name == "superoffload" else 0
-        sys_t = ov.system_step_overhead_s(spec.name, shape, hw, buckets)
+        # SuperOffload's per-bucket and per-parameter machinery is charged at each bucket's launch (_grad_path)
+        sys_t = ov.system_step_overhead_s(spec.name, shape, hw, per_bucket_and_param=spec.name != "superoffload")
         if sys_t > 0:
             after = [validate] + (step_ops + ops if spec.forward_waits_all else [])
             ops.append(graph.add(f"it{it}.sys_overhead", COMPUTE, sys_t, after, "system_overhead", it))

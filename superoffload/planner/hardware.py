@@ -180,6 +180,10 @@ class HardwareProfile:
     compute_threads: int | None = None
     host_adam_threads: int | None = None
     host_adam_by_threads: dict[str, dict[str, float]] | None = None
+    # a device that is the host, the worker on a core of its own: seconds of compute lost per second the host
+    # worker streams host Adam beside it (shared memory bandwidth, caches, SMT siblings), measured by calibrate
+    # (machine._host_interference); None: not measured, taken as 0 (cores that do not interfere)
+    host_interference: float | None = None
 
     # --- derived rates ---------------------------------------------------------------------------
     def host_adam_rate(self, host_optimizer: str, threads: int | None = None) -> float:
