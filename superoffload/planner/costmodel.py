@@ -203,11 +203,12 @@ class _Costs:
     def device_cast(self, params: float) -> float:
         return self.hw.cast_seconds(params, on_host=False)
 
-    def collective(self, kind: str, nbytes: float, calls: int = 1, worker: bool = False) -> float:
-        """`calls` collectives sharing `nbytes` (one per bucket of a group: each pays its latency), issued by
-        the host worker thread when `worker` (the calibrated cost of issuing one from there is added)."""
+    def collective(self, kind: str, nbytes: float, calls: int = 1, worker: bool = False, elem_bytes: int = 4) -> float:
+        """`calls` collectives sharing `nbytes` of `elem_bytes`-byte elements (one per bucket of a group: each pays
+        its latency), issued by the host worker thread when `worker` (the calibrated cost of issuing one from
+        there is added)."""
         calls = max(1, calls)
-        t = calls * self.hw.collective_seconds(kind, nbytes / calls, self.world, self.ranks_per_node)
+        t = calls * self.hw.collective_seconds(kind, nbytes / calls, self.world, self.ranks_per_node, elem_bytes)
         if worker and t > 0 and self.hw.collectives and "intra" in self.hw.collectives:
             t += calls * float(self.hw.collectives["intra"].get("worker_issue_s", 0.0))
         return t
@@ -408,7 +409,8 @@ class _Builder:
                 f = self.graph.add(f"it{it}.fetchcast{layer}", COMPUTE, t_cast, [f], "device_cast", it)
             before = [f]
         if self.world > 1:
-            t = self.costs.collective("all_gather", params * (spec.param_gather_bytes or spec.fetch_bytes))
+            per = spec.param_gather_bytes or spec.fetch_bytes
+            t = self.costs.collective("all_gather", params * per, elem_bytes=per)
             before = [self.graph.add(f"it{it}.gather_{tag}{layer}", NET, t, before, "all_gather", it)]
         return before
 
@@ -564,7 +566,8 @@ class _Builder:
         spec = self.spec
         if self.world <= 1 or spec.grad_reduce is None:
             return last
-        t = self.costs.collective(spec.grad_reduce, n * spec.grad_reduce_bytes, calls=self.groups[j].real_buckets)
+        t = self.costs.collective(spec.grad_reduce, n * spec.grad_reduce_bytes, calls=self.groups[j].real_buckets,
+                                  elem_bytes=spec.grad_reduce_bytes)
         op = self.graph.add(f"it{it}.{spec.grad_reduce}{j}", NET, t, [last], spec.grad_reduce, it)
         self._norm_ops.append(op)
         if self.reduce_blocks_compute:
@@ -726,7 +729,7 @@ class _Builder:
         if self.world <= 1 or not spec.param_gather_bytes or spec.gather_per_layer or spec.all_layers_stream:
             return last
         t = self.costs.collective("all_gather", params * spec.param_gather_bytes, calls=calls,
-                                  worker=worker and spec.name == "superoffload")
+                                  worker=worker and spec.name == "superoffload", elem_bytes=spec.param_gather_bytes)
         return self.graph.add(f"it{it}.all_gather{tag}", NET, t, [last], "all_gather", it)
 
     def _step_overheads(self, it: int, validate: int, step_ops: list[int]) -> list[int]:
