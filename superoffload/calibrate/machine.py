@@ -636,11 +636,13 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
                         "harness's model at these points; the cost model then uses it for them")
     p.add_argument("--threads", type=int, default=None,
                    help="compute threads to measure at (torch and GraceAdam pools; default: torch's count); "
-                        "use the --threads of the runs the profile will be compared with")
+                        "use the --threads of the runs the profile will be compared with. Host Adam is also "
+                        "measured at the other thread counts up to the usable CPUs, and the compute's slowdown "
+                        "beside a host Adam on a core of its own (host_interference)")
     p.add_argument("--dtype", default="fp32", choices=PRECISIONS,
                    help="compute dtype of --workloads (default fp32, what the CPU sweep runs)")
     p.add_argument("--collectives", type=int, default=None, metavar="W",
                    help="measure reduce-scatter, all-gather and all-reduce on W ranks of this host (gloo, or NCCL "
-                        "with W GPUs) at the sizes the engine issues; the cost model uses them for several-rank "
-                        "plans (default: 2 where the host can run two, 0: skip)")
+                        "with W GPUs) at the sizes the engine issues, in fp32 and bf16; the cost model uses them for "
+                        "several-rank plans (default: 2 where the host can run two, 0: skip)")
     p.set_defaults(func=_run)
