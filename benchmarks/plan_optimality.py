@@ -4,7 +4,7 @@ measured side by side.
     python benchmarks/plan_optimality.py --out results/plan_optimality.json
         [--hardware PROFILE.json] [--workloads gpt-tiny:128,gpt-tiny:256,gpt-small:128,gpt-small:256]
         [--world 1,2] [--dtype fp32,bf16] [--grid all] [--repeats 2] [--steps 8] [--warmup 2]
-        [--threads 1] [--bind-cores] [--peers torch,zero_offload]
+        [--threads 1] [--bind-cores] [--peers torch,zero_offload] [--retry-loaded 0]
 
 For every point (model, sequence, micro-batch, ranks, precision) the planner makes its plan (``make_plan`` on
 the ``--hardware`` profile: a preset, or one written by ``superoffload calibrate``, the same profile every run
@@ -19,14 +19,22 @@ one fresh process per run (``--nproc W`` above one rank):
 - with ``--peers``: the peer systems at their own defaults (``peer:NAME``), to compare the plan with.
 
 Runs are interleaved: each repeat goes over every point and configuration, in an order rotated per repeat,
-so that a machine that drifts (thermal, other load) drifts for all of them. Per configuration the result holds
-every repeat's tokens/s per rank, the median and the range, and the cost model's predicted step for it (the
-plan's options with that knob changed, priced on the same profile). Per point: planned / best measured
-tokens/s, which configuration was best and whether clearly (its slowest repeat faster than the plan's fastest:
-the best of several noisy configurations is biased upward), and the Spearman correlation between the predicted
-and the measured ranking. The file (``superoffload/harness/plan_optimality.schema.json``) is rewritten
-atomically after every run; run the same command again and it resumes where it stopped, keeping what was
-measured (with another ``--repeats`` too: more extends a finished run, fewer ends a long one at that count).
+so that a machine that drifts (thermal, other load) drifts for all of them, and a point's configurations run
+next to each other within a repeat. Per configuration the result holds every repeat's tokens/s per rank, the
+median and the range, the cost model's predicted step for it (the plan's options with that knob changed, priced
+on the same profile), and, paired by repeat, its ratio to the plan and how many repeats it beat the plan in. Per
+point: planned / best measured tokens/s, which configuration was best and whether clearly, and the Spearman
+correlation between the predicted and the measured ranking. The best of several noisy configurations is biased
+upward, so a ratio under the goal is a planner miss only where the best is *clearly* faster: its slowest repeat
+beat the plan's fastest (with two repeats or more) -- the same statement as a one-sided sign test over the
+paired repeats when it won every one of them (``best_sign_p``: 0.5^n for n repeats; 0.125 at 3, 0.0625 at 4).
+
+Every point is planned as its runs plan: with the host a rank has there (``placement.rank_host``: the cores of a
+``--bind-cores`` slice or a share of the CPUs, ``--threads`` compute threads, the engine's host threads); each
+run's record carries the plan it ran, and a point whose run planned otherwise says so (``run_plan_mismatch``).
+The file (``superoffload/harness/plan_optimality.schema.json``) is rewritten atomically after every run; run the
+same command again and it resumes where it stopped, keeping what was measured (with another ``--repeats`` too:
+more extends a finished run, fewer ends a long one at that count).
 
 The goal on a machine is planned >= 0.95 of the best measured at every point (``summary``); the script exits 0
 either way (it measures, it does not judge), and 2 on a bad argument.
@@ -37,6 +45,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -153,22 +162,41 @@ def bench_command(point: dict, config: dict, args: argparse.Namespace, out: Path
     return cmd
 
 
+# what the benchmark's plan and a run's own plan must agree on for "planned" to be the plan that ran
+PLAN_KEYS = ("bucket_size", "device_tail_buckets", "speculation", "grad_cast", "host_optimizer", "rollback_mode")
+
+
 def run_one(point: dict, config: dict, args: argparse.Namespace) -> tuple[float | None, str | None]:
-    """(tokens/s per rank, None), or (None, why the run failed)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "record.json"
-        cmd = bench_command(point, config, args, out)
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.run_timeout)
-        except subprocess.TimeoutExpired:
-            return None, f"timed out after {args.run_timeout:.0f} s"
-        if not out.exists():
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-            return None, f"exit {proc.returncode}: {tail[0][:300]}"
-        rec = json.loads(out.read_text())
+    """(tokens/s per rank, None), or (None, why the run failed). A run its record flags `loaded` (other processes
+    took more than the noise bound of the CPUs, superoffload/harness/noise.py) is run again, up to
+    ``--retry-loaded`` times; ``loaded`` counts [runs discarded, runs kept although loaded]. The planned
+    configuration's run also checks that the plan it made is the point's (``run_plan_mismatch``)."""
+    loaded = config.setdefault("loaded", [0, 0])
+    for attempt in range(args.retry_loaded + 1):
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "record.json"
+            cmd = bench_command(point, config, args, out)
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.run_timeout)
+            except subprocess.TimeoutExpired:
+                return None, f"timed out after {args.run_timeout:.0f} s"
+            if not out.exists():
+                tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+                return None, f"exit {proc.returncode}: {tail[0][:300]}"
+            rec = json.loads(out.read_text())
         if rec.get("status") != "ok":
             return None, f"{rec.get('status')}: {str(rec.get('error'))[:300]}"
+        if "loaded" in ((rec.get("noise") or {}).get("flags") or []):
+            if attempt < args.retry_loaded:
+                loaded[0] += 1
+                continue
+            loaded[1] += 1
+        if config["label"] == "planned" and isinstance(rec.get("plan"), dict):
+            ran = rec["plan"]
+            point["run_plan_mismatch"] = [f"{k}: planned {point['plan'].get(k)!r}, the run planned {ran.get(k)!r}"
+                                          for k in PLAN_KEYS if k in point["plan"] and ran.get(k) != point["plan"][k]]
         return float(rec["throughput"]["tokens_per_s"]), None
+    raise AssertionError("unreachable")
 
 
 def build_points(args: argparse.Namespace) -> tuple[list[dict], Any]:
@@ -183,8 +211,9 @@ def build_points(args: argparse.Namespace) -> tuple[list[dict], Any]:
         shape = get_shape(model)
         for world in args.world:
             for dtype in args.dtype:
+                host = point_host(args, world)
                 plan = make_plan(shape, seq, batch, hw, activation_checkpointing=False, chips=world,
-                                 precision=dtype)  # as the run's plan_for makes it
+                                 precision=dtype, **host.plan_kwargs())  # as the run's plan_for makes it
                 configs = grid_for(plan, shape.total_params(), dtype, hw.device_is_host, labels)
                 for c in configs:
                     c["predicted_step_s"] = predicted_step(plan, shape, hw, dtype, c["options"])
@@ -193,21 +222,57 @@ def build_points(args: argparse.Namespace) -> tuple[list[dict], Any]:
                     "id": point_id(model, seq, batch, world, dtype), "model": model, "seq": seq, "batch": batch,
                     "world": world, "dtype": dtype,
                     "plan": {"bucket_size": plan.bucket_size, "device_tail_buckets": plan.device_tail_buckets,
-                             "speculation": plan.speculation, "cast": plan.grad_cast,
-                             "predicted_step_s": plan.predicted.step_time_s if plan.predicted else None},
+                             "speculation": plan.speculation, "cast": plan.grad_cast, "grad_cast": plan.grad_cast,
+                             "host_optimizer": plan.host_optimizer, "rollback_mode": plan.rollback_mode,
+                             "predicted_step_s": plan.predicted.step_time_s if plan.predicted else None,
+                             **host.plan_kwargs()},
                     "configs": [{**c, "tokens_per_s": [], "errors": []} for c in configs],
                 })
     return points, hw
 
 
+def point_host(args: argparse.Namespace, world: int) -> Any:
+    """The host one rank of a point's runs has (placement.rank_host), from this machine's CPUs and the flags
+    ``bench_command`` passes: ``bench run`` computes on ``--threads`` threads (0: torch's default, which is 1
+    per rank under torchrun and this process's count for one rank) and gives the host optimizer as many."""
+    import torch
+
+    from superoffload.harness.placement import rank_host
+    from superoffload.planner.presets import usable_cpus
+
+    compute = args.threads or (1 if world > 1 else torch.get_num_threads())
+    return rank_host(usable_cpus(), world, args.bind_cores and world > 1, compute, args.threads or None)
+
+
+def paired(planned: dict, config: dict) -> list[tuple[float, float]]:
+    """(planned, config) tokens/s of the repeats both ran, in repeat order (a failed repeat leaves a gap only
+    in its own list, so the lists pair by position only where neither has errors)."""
+    if planned["errors"] or config["errors"]:
+        return []
+    return list(zip(planned["tokens_per_s"], config["tokens_per_s"], strict=False))
+
+
+def sign_test_p(wins: int, n: int) -> float | None:
+    """One-sided sign test: P(at least `wins` of `n` paired repeats favour a configuration when neither is
+    faster)."""
+    if n < 1:
+        return None
+    return sum(math.comb(n, k) for k in range(wins, n + 1)) / 2 ** n
+
+
 def summarize_point(p: dict) -> None:
-    """Medians, ranges, planned / best and the rank correlation, from the repeats measured so far."""
+    """Medians, ranges, paired ratios to the plan, planned / best and the rank correlation, from the repeats
+    measured so far."""
+    planned = next((c for c in p["configs"] if c["label"] == "planned"), None)
     for c in p["configs"]:
         v = c["tokens_per_s"]
         c["median_tokens_per_s"] = statistics.median(v) if v else None
         c["range_tokens_per_s"] = [min(v), max(v)] if v else None
+        pairs = paired(planned, c) if planned is not None and c is not planned else []
+        c["paired_over_planned"] = statistics.median(b / a for a, b in pairs) if pairs else None
+        c["wins_over_planned"] = [sum(b > a for a, b in pairs), len(pairs)]
     ours = [c for c in p["configs"] if not c["label"].startswith("peer:") and c["median_tokens_per_s"]]
-    planned = next((c for c in ours if c["label"] == "planned"), None)
+    planned = planned if planned in ours else None
     best = max(ours, key=lambda c: c["median_tokens_per_s"], default=None)
     p["best_label"] = best["label"] if best else None
     p["planned_over_best"] = (planned["median_tokens_per_s"] / best["median_tokens_per_s"]
@@ -217,6 +282,10 @@ def summarize_point(p: dict) -> None:
     p["best_clearly_faster"] = (bool(min(best["tokens_per_s"]) > max(planned["tokens_per_s"]))
                                 if planned and best and best is not planned
                                 and min(len(best["tokens_per_s"]), len(planned["tokens_per_s"])) >= 2 else False)
+    wins, n = best["wins_over_planned"] if best and best is not planned else (0, 0)
+    p["best_sign_p"] = sign_test_p(wins, n) if n else None
+    p["best_paired_ratio"] = (1 / best["paired_over_planned"] if best and best is not planned
+                              and best["paired_over_planned"] else (1.0 if best is planned and best else None))
     p["predicted_order"] = [c["label"] for c in sorted(ours, key=lambda c: c["predicted_step_s"])]
     p["measured_order"] = [c["label"] for c in sorted(ours, key=lambda c: -c["median_tokens_per_s"])]
     p["rank_correlation"] = spearman([-c["predicted_step_s"] for c in ours], [c["median_tokens_per_s"] for c in ours])
@@ -233,14 +302,18 @@ def summary(points: list[dict]) -> dict[str, Any]:
             "min_planned_over_best": min(ratios) if ratios else None,
             "points_meeting_goal": sum(r >= GOAL for r in ratios),
             "points_clearly_beaten": sum(bool(p.get("best_clearly_faster")) for p in points),
-            "beats_every_peer": all(r >= 1 for r in over_peers) if over_peers else None}
+            # under the goal and clearly beaten: a planner miss, not the best-of-noise bias
+            "points_missed": sum(bool(p.get("best_clearly_faster")) and p["planned_over_best"] is not None
+                                 and p["planned_over_best"] < GOAL for p in points),
+            "beats_every_peer": all(r >= 1 for r in over_peers) if over_peers else None,
+            "runs_loaded": [sum(c.get("loaded", [0, 0])[i] for p in points for c in p["configs"]) for i in (0, 1)]}
 
 
 def settings_of(args: argparse.Namespace) -> dict[str, Any]:
     return {"workloads": [f"{m}:{s}:{b}" for m, s, b in args.workloads], "world": args.world, "dtype": args.dtype,
             "grid": args.grid, "repeats": args.repeats, "steps": args.steps, "warmup": args.warmup,
             "threads": args.threads, "bind_cores": args.bind_cores, "device": args.device,
-            "hardware": str(args.hardware), "peers": args.peers}
+            "hardware": str(args.hardware), "peers": args.peers, "retry_loaded": args.retry_loaded}
 
 
 def load_previous(path: Path, settings: dict[str, Any]) -> dict[str, Any] | None:
@@ -252,7 +325,8 @@ def load_previous(path: Path, settings: dict[str, Any]) -> dict[str, Any] | None
     if not path.exists():
         return None
     prev = read_result(path, SCHEMA_KIND)
-    differ = sorted(k for k in settings if k != "repeats" and prev["settings"].get(k) != settings[k])
+    differ = sorted(k for k in settings if k not in ("repeats", "retry_loaded")
+                    and prev["settings"].get(k, settings[k] if k == "retry_loaded" else None) != settings[k])
     if differ:
         raise ValueError(f"{path} holds a run with other settings ({', '.join(differ)}); pass another --out or "
                          "delete it (only --repeats may change on a resume)")
@@ -278,6 +352,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 if (p["id"], c["label"]) in old:
                     c["tokens_per_s"] = old[(p["id"], c["label"])]["tokens_per_s"]
                     c["errors"] = old[(p["id"], c["label"])]["errors"]
+                    c["loaded"] = old[(p["id"], c["label"])].get("loaded", [0, 0])
     result: dict[str, Any] = {
         "kind": SCHEMA_KIND, "schema_version": 1, "complete": False, "settings": settings,
         "hardware": {"name": hw.name, "source": hw.source, "collectives": sorted(hw.collectives or {})},
@@ -307,8 +382,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def table(result: dict[str, Any]) -> str:
-    lines = [f"{'point':<32} {'planned':>9} {'best':>9} {'best is':<12} {'planned/best':>12} {'clearly':>7} "
-             f"{'rank rho':>8}  peers"]
+    lines = [f"{'point':<32} {'planned':>9} {'best':>9} {'best is':<12} {'planned/best':>12} {'paired':>7} "
+             f"{'clearly':>7} {'sign p':>6} {'rank rho':>8}  peers"]
     for p in result["points"]:
         planned = next(c for c in p["configs"] if c["label"] == "planned")
         best = next((c for c in p["configs"] if c["label"] == p["best_label"]), None)
@@ -318,15 +393,23 @@ def table(result: dict[str, Any]) -> str:
 
         rho = "-" if p["rank_correlation"] is None else f"{p['rank_correlation']:+.2f}"
         ratio = "-" if p["planned_over_best"] is None else f"{p['planned_over_best']:.3f}"
+        pair = "-" if p.get("best_paired_ratio") is None else f"{p['best_paired_ratio']:.3f}"
+        sign = "-" if p.get("best_sign_p") is None else f"{p['best_sign_p']:.3f}"
         peers = ", ".join(f"{k} x{v:.2f}" for k, v in p["planned_over_peers"].items())
         lines.append(f"{p['id']:<32} {f(planned['median_tokens_per_s']):>9} "
                      f"{f(best['median_tokens_per_s'] if best else None):>9} {p['best_label'] or '-':<12} "
-                     f"{ratio:>12} {'yes' if p.get('best_clearly_faster') else '':>7} {rho:>8}  {peers}")
+                     f"{ratio:>12} {pair:>7} {'yes' if p.get('best_clearly_faster') else '':>7} {sign:>6} "
+                     f"{rho:>8}  {peers}")
+        for m in p.get("run_plan_mismatch") or []:
+            lines.append(f"    the run's own plan differs: {m}")
     s = result["summary"]
     lines.append(f"planned >= {s['goal']} of the best at {s['points_meeting_goal']} of {s['points_measured']} "
                  f"points (min {s['min_planned_over_best'] or 0:.3f}); another configuration clearly faster (its "
-                 f"slowest repeat above the plan's fastest) at {s['points_clearly_beaten']}"
-                 + ("" if s["beats_every_peer"] is None else f"; beats every peer: {s['beats_every_peer']}"))
+                 f"slowest repeat above the plan's fastest) at {s['points_clearly_beaten']}, of them under the goal "
+                 f"(a planner miss) at {s.get('points_missed', 0)}"
+                 + ("" if s["beats_every_peer"] is None else f"; beats every peer: {s['beats_every_peer']}")
+                 + (f"; runs on a loaded machine: {s['runs_loaded'][0]} run again, {s['runs_loaded'][1]} kept"
+                    if "runs_loaded" in s else ""))
     return "\n".join(lines)
 
 
@@ -351,6 +434,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--bind-cores", action="store_true", help="bench run --bind-cores for several ranks")
     p.add_argument("--device", default="auto")
     p.add_argument("--run-timeout", type=float, default=900.0, help="seconds one run may take (default 900)")
+    p.add_argument("--retry-loaded", type=int, default=0,
+                   help="run a configuration again, up to this many times, when its record flags the machine as loaded "
+                        "by other processes (default 0: keep every run; the result counts the loaded ones)")
     a = p.parse_args(argv)
     a.workloads = parse_workloads(a.workloads, a.batch)
     a.world = [int(x) for x in a.world.split(",") if x]
@@ -363,8 +449,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "(planned is required: it is what the others are compared with)")
     if any(w < 1 for w in a.world) or any(d not in ("fp32", "bf16", "fp16") for d in a.dtype):
         raise ValueError("--world takes positive integers and --dtype fp32, bf16 or fp16")
-    if min(a.repeats, a.steps) < 1 or a.warmup < 0:
-        raise ValueError("--repeats and --steps must be >= 1, --warmup >= 0")
+    if min(a.repeats, a.steps) < 1 or a.warmup < 0 or a.retry_loaded < 0:
+        raise ValueError("--repeats and --steps must be >= 1, --warmup and --retry-loaded >= 0")
     return a
 
 

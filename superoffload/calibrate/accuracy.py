@@ -46,6 +46,25 @@ def run_options(rec: dict[str, Any]) -> Options:
                    precision=dtype if dtype in PRECISIONS else "bf16")
 
 
+def run_host(rec: dict[str, Any]) -> dict[str, Any]:
+    """The workload's ranks and host of the run a record describes: its world size, and the rank's cores (its
+    --bind-cores slice, or a share of the CPUs it could use), compute threads and host optimizer threads, where
+    the record says them (older records: the profile's defaults)."""
+    world = int(rec.get("world_size") or 1)
+    out: dict[str, Any] = {"chips": world}
+    where = rec.get("placement") or {}
+    cores = where.get("cores")
+    if cores:
+        out["cores_per_rank"] = len(cores) / (1 if where.get("bound") else world)
+    threads = (rec.get("run") or {}).get("threads")
+    if threads:
+        out["compute_threads"] = int(threads)
+    host = ((rec.get("system_stats") or {}).get("config") or {}).get("host_threads")
+    if host:
+        out["host_threads"] = int(host)
+    return out
+
+
 def compare(records: list[dict[str, Any]], hw: HardwareProfile) -> list[dict[str, Any]]:
     op_model = dataclasses.replace(hw, compute_profiles=None)
     rows = []
@@ -54,13 +73,13 @@ def compare(records: list[dict[str, Any]], hw: HardwareProfile) -> list[dict[str
             continue
         r = rec["run"]
         w = Workload(get_shape(rec["model"]["name"]), r["seq"], r["batch"], r.get("activation_checkpointing", False),
-                     dtype=r["dtype"])
+                     dtype=r["dtype"], **run_host(rec))
         opts = run_options(rec)
         pred = predict(rec["system"], w, hw, opts)
         op = pred if not hw.compute_profiles else predict(rec["system"], w, op_model, opts)
         measured = rec["timing"]["median_s"]
         rows.append({"system": rec["system"], "model": rec["model"]["name"], "seq": r["seq"], "batch": r["batch"],
-                     "dtype": r["dtype"], "measured_s": measured, "predicted_s": pred.step_time_s,
+                     "dtype": r["dtype"], "world": w.chips, "measured_s": measured, "predicted_s": pred.step_time_s,
                      "rel_error": pred.step_time_s / measured - 1.0,
                      "within_target": abs(pred.step_time_s / measured - 1.0) <= TARGET,
                      "compute": pred.options["compute"], "op_model_s": op.step_time_s,
@@ -72,11 +91,12 @@ def compare(records: list[dict[str, Any]], hw: HardwareProfile) -> list[dict[str
 def format_rows(rows: list[dict[str, Any]], hw_name: str) -> str:
     lines = [f"predicted on {hw_name} vs measured (target ±{TARGET:.0%}); compute: profiled where the profile "
              "has the workload, else the op-level terms; op-model: op-level terms only",
-             f"{'system':16} {'model':10} {'seq':>5} {'batch':>5} {'dtype':5} {'measured ms':>12} "
+             f"{'system':16} {'model':10} {'seq':>5} {'batch':>5} {'dtype':5} {'ranks':>5} {'measured ms':>12} "
              f"{'predicted ms':>13} {'error':>8} {'compute':>9} {'op-model ms':>12} {'error':>8}  noise"]
     for r in rows:
         flags = ",".join(r.get("noise_flags") or []) or "-"
         lines.append(f"{r['system']:16} {r['model']:10} {r['seq']:>5} {r['batch']:>5} {r['dtype']:5} "
+                     f"{r.get('world', 1):>5} "
                      f"{1e3 * r['measured_s']:>12.2f} {1e3 * r['predicted_s']:>13.2f} {r['rel_error']:>+8.1%} "
                      f"{r['compute']:>9} {1e3 * r['op_model_s']:>12.2f} {r['op_model_rel_error']:>+8.1%}  {flags}")
     inside = sum(r["within_target"] for r in rows)

@@ -1,9 +1,10 @@
 """The collectives the engine issues, measured on the process group it will run with.
 
 `superoffload calibrate --collectives W` starts W ranks on this host (gloo on 127.0.0.1 without CUDA; NCCL,
-one GPU per rank, with at least W GPUs) and times, at the sizes the engine issues, a reduce-scatter, an
-all-gather and an all-reduce (SUM, as the engine does): each time is the best of `repeats`, of the slowest
-rank (a collective ends when its last rank does). It also times the same small all-gather issued from a
+one GPU per rank, with at least W GPUs) and times, at the sizes and in the dtypes the engine issues (fp32, and
+bf16 for the training precision's reductions: `dtypes`), a reduce-scatter, an all-gather and an all-reduce
+(SUM, as the engine does): each time is the best of `repeats`, of the slowest rank (a collective ends when its
+last rank does). It also times the same small all-gather issued from a
 second thread on a group of its own, the way the engine's host worker issues the weights' all-gathers: the
 difference is the cost of issuing from the worker (`worker_issue_s`). The profile keeps, for the "intra"
 link class (ranks of one node), the measured curve per kind and its fit (latency per ring step, bandwidth
@@ -143,14 +144,22 @@ def _rank(a: argparse.Namespace) -> None:
     seconds: dict[str, list[float]] = {k: [] for k in COLLECTIVES}
     rs = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
     ag = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    for n in sizes:
-        elems = max(a.world, n // 4 // a.world * a.world)  # fp32, a multiple of the world (the engine pads)
-        full = torch.ones(elems, device=device)
-        part = torch.empty(elems // a.world, device=device)
-        seconds["reduce_scatter"].append(_time(lambda full=full, part=part: rs(part, full, op=dist.ReduceOp.SUM),
-                                               a.repeats, device))
-        seconds["all_gather"].append(_time(lambda full=full, part=part: ag(full, part), a.repeats, device))
-        seconds["all_reduce"].append(_time(lambda full=full: dist.all_reduce(full), a.repeats, device))
+    # the engine reduces and gathers in fp32 or in the training precision (grad_cast: host): each dtype's curve,
+    # at the same byte sizes (a backend's reduction speed per byte depends on the dtype: gloo sums bf16 slower)
+    by_dtype: dict[str, dict[str, list[float]]] = {}
+    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        secs: dict[str, list[float]] = {k: [] for k in COLLECTIVES}
+        for n in sizes:
+            size = torch.empty((), dtype=dtype).element_size()
+            elems = max(a.world, n // size // a.world * a.world)  # a multiple of the world (the engine pads)
+            full = torch.ones(elems, device=device, dtype=dtype)
+            part = torch.empty(elems // a.world, device=device, dtype=dtype)
+            secs["reduce_scatter"].append(_time(lambda full=full, part=part: rs(part, full, op=dist.ReduceOp.SUM),
+                                                a.repeats, device))
+            secs["all_gather"].append(_time(lambda full=full, part=part: ag(full, part), a.repeats, device))
+            secs["all_reduce"].append(_time(lambda full=full: dist.all_reduce(full), a.repeats, device))
+        by_dtype[name] = secs
+    seconds.update(by_dtype.pop("fp32"))
     # the engine's host worker issues the weights' all-gathers from its own thread, on a group of its own
     worker_group = dist.new_group(list(range(a.world)))
     small = torch.ones(1024 * a.world, device=device)
@@ -178,8 +187,14 @@ def _rank(a: argparse.Namespace) -> None:
     dist.all_gather_object(hosts, socket.gethostname())
     if a.rank == 0:
         fits = {k: fit_collective(sizes, seconds[k], a.world) for k in COLLECTIVES}
+        half = {}
+        for name, secs in by_dtype.items():
+            f2 = {k: fit_collective(sizes, secs[k], a.world) for k in COLLECTIVES}
+            half[name] = {"seconds": secs, "latency_s": {k: f[0] for k, f in f2.items()},
+                          "gbps": {k: f[1] for k, f in f2.items()}}
         out = {"backend": a.backend, "world": a.world, "sizes": sizes, "seconds": seconds,
                "latency_s": {k: f[0] for k, f in fits.items()}, "gbps": {k: f[1] for k, f in fits.items()},
+               "dtypes": half,
                "worker_issue_s": max(0.0, float(t.item()) - main_t), "host": socket.gethostname(),
                "hosts": len(set(hosts)), "link_class": link_class(hosts),
                "measured_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}

@@ -25,7 +25,7 @@ import torch
 
 from superoffload.calibrate import compute
 from superoffload.calibrate.threads import set_threads
-from superoffload.harness.noise import NoiseSampler
+from superoffload.harness.noise import OTHERS_BOUND, NoiseSampler
 from superoffload.harness.peak import gpu_peak_flops, store_cpu_peak
 from superoffload.options import PRECISIONS
 from superoffload.planner.hardware import (
@@ -39,10 +39,8 @@ from superoffload.planner.hardware import (
 from superoffload.planner.overhead import CLIP_BYTES_PER_PARAM
 from superoffload.planner.presets import ADAM_8B_SECONDS, ATTENTION_FACTOR, MATMUL_EFFICIENCY, physical_memory_bytes
 
-# Ratios between host Adam kernels from the authors' GraceAdam table (the 8B row the presets use), only
-# for a kernel this machine cannot run; the profile's notes say which ones were derived.
-_ADAM_RATIO_TO_TORCH = {k: ADAM_8B_SECONDS["torch"] / t for k, t in ADAM_8B_SECONDS.items()}
-
+# Ratios between host Adam kernels come from the authors' GraceAdam table (ADAM_8B_SECONDS, the 8B row the
+# presets use), only for a kernel this machine cannot run; the profile's notes say which ones were derived.
 
 
 def _best(fn: Callable[[], None], repeats: int, sync: Callable[[], None] = lambda: None) -> float:
@@ -239,6 +237,100 @@ def _attention_factor(device: str, dtype: torch.dtype, quick: bool, matmul: floa
     return min(1.0, flops / t / matmul)
 
 
+def _adam_thread_rates(n: int, threads: int) -> dict[str, dict[str, float]]:
+    """GraceAdam's and torch's fused AdamW's rates at 1, 2, 4, ... threads up to this process's usable CPUs
+    (and that count itself), other than ``threads`` (the profile's own rate): a rank's host worker runs at the
+    threads its share of the host gives it (costmodel.host_share). DeepSpeed's kernel takes its OpenMP threads
+    from the environment when it loads, so it is measured at ``threads`` only. The thread counts are restored."""
+    from superoffload.planner.presets import usable_cpus
+
+    cpus = usable_cpus()
+    counts = sorted({t for t in [2**i for i in range(8) if 2**i <= cpus] + [cpus] if t != threads})
+    if not counts:
+        return {}
+    table: dict[str, dict[str, float]] = {}
+    before = torch.get_num_threads()
+    p = torch.nn.Parameter(torch.randn(n))
+    p.grad = torch.randn(n)
+    try:
+        opt = torch.optim.AdamW([p], lr=1e-3, fused=True)
+    except (RuntimeError, TypeError):
+        opt = torch.optim.AdamW([p], lr=1e-3)
+    try:
+        for t in counts:
+            set_threads(t)
+            rates = {"torch": n * ADAM_BYTES_PER_PARAM / _best(opt.step, 3) / GB}
+            rates.update(_grace_adam_rate(n))
+            table[str(t)] = rates
+    finally:
+        set_threads(threads if threads else before)
+    return table
+
+
+def _host_interference(threads: int, quick: bool) -> float | None:
+    """Seconds of compute lost per second a host Adam runs beside it on a core of its own: a small MLP's forward
+    and backward (a training step's kind of compute) at ``threads`` threads, alone and while a second thread
+    streams GraceAdam (torch's fused AdamW without the kernel) over 16M parameters (4M quick) at one thread, as the
+    engine's host worker does. k = 1 - t_alone / t_beside, the median over alternated pairs: 0 when the cores do not
+    interfere; memory bandwidth, shared caches, SMT siblings and other processes' load make it larger (the
+    profile notes the load it was measured under). None where no core is left beside the compute threads."""
+    from superoffload.planner.presets import usable_cpus
+
+    if usable_cpus() < threads + 1:
+        return None
+    x = torch.randn(512, 256)
+    net = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 256))
+
+    def compute() -> float:
+        t0 = time.perf_counter()
+        for _ in range(10):
+            net(x).sum().backward()
+        return time.perf_counter() - t0
+
+    n = 1 << (22 if quick else 24)
+    p, g, m, v = torch.randn(n), torch.randn(n), torch.zeros(n), torch.zeros(n)
+    try:
+        import grace_adam
+
+        grace_adam.set_num_threads(1)
+
+        def adam() -> None:
+            grace_adam.adam_step(p, g, m, v, step=1, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0)
+    except ImportError:
+        q = torch.nn.Parameter(p)
+        q.grad = g
+        opt = torch.optim.AdamW([q], lr=1e-3)
+
+        def adam() -> None:
+            opt.step()
+
+    stop = threading.Event()
+
+    def host() -> None:
+        while not stop.is_set():
+            adam()
+
+    compute()  # warm-up
+    shares = []
+    for _ in range(2 if quick else 5):  # alternated, paired: the median of 1 - alone / beside
+        alone = compute()
+        stop.clear()
+        th = threading.Thread(target=host, daemon=True)
+        th.start()
+        time.sleep(0.02)  # the host thread is streaming before the compute is timed
+        beside = compute()
+        stop.set()
+        th.join()
+        shares.append(1.0 - alone / beside)
+    try:
+        import grace_adam
+
+        grace_adam.set_num_threads(threads)
+    except ImportError:
+        pass
+    return max(0.0, sorted(shares)[len(shares) // 2])
+
+
 def _adam_rates(quick: bool) -> tuple[dict[str, float], list[str]]:
     n = 2**21 if quick else 2**24
     p = torch.randn(n)
@@ -263,10 +355,16 @@ def _adam_rates(quick: bool) -> tuple[dict[str, float], list[str]]:
         if ds:
             notes.append(f"host Adam 'cpuadam' measured with DeepSpeedCPUAdam on {n} params")
         rates.update(ds)
-    for kind, ratio in _ADAM_RATIO_TO_TORCH.items():
+    # a kernel this machine cannot run gets the table's ratio to the measured GraceAdam (to torch without it):
+    # the table's own fastest kernel is GraceAdam, so a derived rate never outranks a measured GraceAdam (from
+    # torch, whose CPU Adam on Grace is multi-pass, it made a --quick profile's DeepSpeedCPUAdam 2.4x torch and
+    # the planner's choice)
+    base = "grace" if "grace" in rates else "torch"
+    for kind, seconds in ADAM_8B_SECONDS.items():
         if kind not in rates:
-            rates[kind] = rates["torch"] * ratio
-            notes.append(f"host Adam '{kind}' not measured here: torch rate x {ratio:.2f} (GraceAdam table)")
+            ratio = ADAM_8B_SECONDS[base] / seconds
+            rates[kind] = rates[base] * ratio
+            notes.append(f"host Adam '{kind}' not measured here: {base} rate x {ratio:.2f} (GraceAdam table)")
     return rates, notes
 
 
@@ -354,6 +452,13 @@ def _cpu_profile(quick: bool, systems: bool = True) -> HardwareProfile:
     memcpy = Curve(sizes, gbps)
     cast = _cast_gbps("cpu", 2**22 if quick else 2**25, lambda: None)
     adam, notes = _adam_rates(quick)
+    by_threads = _adam_thread_rates(2**21 if quick else 2**24, threads)
+    if by_threads:
+        notes.append("host Adam also measured at " + ", ".join(sorted(by_threads, key=int)) + " thread(s)")
+    interference = _host_interference(threads, quick)
+    if interference is not None:
+        notes.append(f"host interference {interference:.2f}: compute seconds lost per second of host Adam beside it "
+                     f"on a core of its own ({threads} compute thread(s))")
     notes.append(f"matmul fp32 {fp32 / 1e9:.1f} GFLOP/s, bf16 {bf16 / 1e9:.1f} GFLOP/s at n={n}, "
                  f"{threads} torch threads")
     notes.append("CPU-only profile: device = host, link = memcpy; peak FLOPS = the measured matmul rate")
@@ -368,6 +473,9 @@ def _cpu_profile(quick: bool, systems: bool = True) -> HardwareProfile:
         attention_factor=_attention_factor("cpu", torch.float32, quick, matmul, lambda: None),
         device_hbm_bytes=mem, device_hbm_gbps=2 * max(gbps), device_cast_gbps=cast,
         host_adam_gbps=adam, host_cores=os.cpu_count() or 1, host_memory_bytes=mem,
+        # the compute and host Adam rates above were measured at this many threads
+        compute_threads=threads, host_adam_threads=threads, host_adam_by_threads=by_threads or None,
+        host_interference=interference,
         host_cast_gbps=cast, sync_latency_s=_thread_sync_latency(),
         device_reserve_bytes=min(2**30, mem // 16), host_reserve_bytes=min(4 * 2**30, mem // 8),
         device_is_host=True, notes=notes,
@@ -417,6 +525,8 @@ def _cuda_profile(quick: bool, systems: bool = True) -> HardwareProfile:
         ev.synchronize()
 
     adam, notes = _adam_rates(quick)
+    threads = torch.get_num_threads()
+    by_threads = _adam_thread_rates(2**21 if quick else 2**24, threads)
     notes.append(f"device {name}; peak {'from table' if table_peak is not None else 'estimated'}")
     return HardwareProfile(
         name=f"{name.lower().replace(' ', '-')}-calibrated",
@@ -426,6 +536,7 @@ def _cuda_profile(quick: bool, systems: bool = True) -> HardwareProfile:
         device_hbm_bytes=props.total_memory, device_hbm_gbps=hbm_gbps,
         device_cast_gbps=_cast_gbps("cuda", 2**26 if quick else 2**28, sync),
         host_adam_gbps=adam, host_cores=os.cpu_count() or 1, host_memory_bytes=physical_memory_bytes(),
+        host_adam_threads=threads, host_adam_by_threads=by_threads or None,
         host_cast_gbps=_cast_gbps("cpu", 2**22 if quick else 2**26, lambda: None),
         sync_latency_s=_best(event_roundtrip, 20), notes=notes,
         matmul_curve=_matmul_curve("cuda", torch.bfloat16, quick, sync, pool_bytes=256 * MB),
@@ -459,6 +570,7 @@ def calibrate(out_path: str | os.PathLike[str] | None = None, quick: bool = Fals
     mem = torch.cuda.get_device_properties(0).total_memory if cuda else physical_memory_bytes()
     if workloads:  # bad names and models too large to profile fail here, before minutes of measuring
         compute.check_workloads(workloads, dtype, mem)
+    sampler = NoiseSampler(children=True).start()  # its subprocesses (systems, collectives) are its own work
     prof = _cuda_profile(quick, systems) if cuda else _cpu_profile(quick, systems)
     if prof.system_step_s:
         from superoffload.calibrate.systems import net_of_model
@@ -482,6 +594,16 @@ def calibrate(out_path: str | os.PathLike[str] | None = None, quick: bool = Fals
                           f"{lat['all_gather'] * 1e6:.0f} us + {gbps['all_gather']:.2f} GB/s, all-reduce "
                           f"{lat['all_reduce'] * 1e6:.0f} us + {gbps['all_reduce']:.2f} GB/s; issuing from the "
                           f"host worker thread {measured['worker_issue_s'] * 1e6:.0f} us")
+    # every number above is a rate of this machine as it was: other processes' CPU time slows them all (a
+    # calibration on a loaded 2-core machine measured gpt-tiny's compute 2.6x slower), so the profile says so
+    others = sampler.others_share()
+    if others is not None:
+        prof.notes.append(f"other processes used {others:.0%} of the CPUs while calibrating")
+        if others > OTHERS_BOUND:
+            prof.notes.append(f"calibrated on a loaded machine (others' CPU share > {OTHERS_BOUND:.0%}): its rates "
+                              "are low; calibrate again on a quiet machine")
+            print(f"superoffload calibrate: warning: other processes used {others:.0%} of the CPUs while calibrating "
+                  "(the rates are this loaded machine's); calibrate again when it is quiet", file=sys.stderr)
     if out_path is not None:
         prof.save(out_path)
     return prof
@@ -514,11 +636,13 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
                         "harness's model at these points; the cost model then uses it for them")
     p.add_argument("--threads", type=int, default=None,
                    help="compute threads to measure at (torch and GraceAdam pools; default: torch's count); "
-                        "use the --threads of the runs the profile will be compared with")
+                        "use the --threads of the runs the profile will be compared with. Host Adam is also "
+                        "measured at the other thread counts up to the usable CPUs, and the compute's slowdown "
+                        "beside a host Adam on a core of its own (host_interference)")
     p.add_argument("--dtype", default="fp32", choices=PRECISIONS,
                    help="compute dtype of --workloads (default fp32, what the CPU sweep runs)")
     p.add_argument("--collectives", type=int, default=None, metavar="W",
                    help="measure reduce-scatter, all-gather and all-reduce on W ranks of this host (gloo, or NCCL "
-                        "with W GPUs) at the sizes the engine issues; the cost model uses them for several-rank "
-                        "plans (default: 2 where the host can run two, 0: skip)")
+                        "with W GPUs) at the sizes the engine issues, in fp32 and bf16; the cost model uses them for "
+                        "several-rank plans (default: 2 where the host can run two, 0: skip)")
     p.set_defaults(func=_run)

@@ -43,9 +43,9 @@ def _proc_stat_jiffies() -> tuple[int, int] | None:
     return sum(vals) - idle, sum(vals)
 
 
-def _own_cpu_s() -> float:
+def _own_cpu_s(children: bool = False) -> float:
     t = os.times()
-    return t.user + t.system
+    return t.user + t.system + ((t.children_user + t.children_system) if children else 0.0)
 
 
 @dataclass
@@ -56,11 +56,15 @@ class NoiseSampler:
     jiffies_before: tuple[int, int] | None = None
     own_before: float = 0.0
     wall_before: float = 0.0
+    children: bool = False  # count the CPU time of the children it waited for as its own (calibrate's ranks)
+
+    def _own(self) -> float:
+        return _own_cpu_s(True) if self.children else _own_cpu_s()
 
     def start(self) -> NoiseSampler:
         self.load_before = os.getloadavg() if hasattr(os, "getloadavg") else None
         self.jiffies_before = _proc_stat_jiffies()
-        self.own_before = _own_cpu_s()
+        self.own_before = self._own()
         self.wall_before = time.perf_counter()
         return self
 
@@ -75,7 +79,7 @@ class NoiseSampler:
             return None
         tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
         ncpu = os.cpu_count() or 1
-        own = (_own_cpu_s() - self.own_before) * tick * max(1, ranks)
+        own = (self._own() - self.own_before) * tick * max(1, ranks)
         return max(0.0, min(1.0, (busy - own) / total)) if total >= ncpu else None
 
     def assess(self, step_times: list[float], ranks: int = 1) -> dict[str, Any]:

@@ -124,6 +124,35 @@ def host_threads_for(cores: Sequence[int]) -> int:
     return max(1, len(cores) - 1)
 
 
+@dataclass(frozen=True)
+class RankHost:
+    """What the planner is told about one rank's host (``make_plan(cores_per_rank=, compute_threads=,
+    host_threads=)``): its cores, the threads its compute runs on and the host optimizer's threads."""
+
+    cores_per_rank: float
+    compute_threads: int
+    host_threads: int | None
+
+    def plan_kwargs(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def rank_host(available: int, local_world: int, bind_cores: bool, compute_threads: int,
+              host_threads: int | None) -> RankHost:
+    """One rank's host as ``bench run`` sets it up, from the CPUs the job may use (``available``), the ranks of
+    this host, ``--bind-cores``, the compute threads (torch's pool) and the engine's ``host_threads`` (None:
+    the run's ``--threads`` or, bound, the slice's cores minus one, as ``_place`` sets it; None when neither
+    is set). Bound, a rank gets its slice (``split_cores``: the smallest slice when they differ); unbound the
+    ranks share every CPU, a fair share each. Pure, so ``plan_optimality`` plans exactly as the run does."""
+    ranks = max(1, local_world)
+    if bind_cores:
+        cores: float = float(max(1, available // ranks))
+        host = host_threads if host_threads is not None else host_threads_for(range(int(cores)))
+    else:
+        cores, host = available / ranks, host_threads
+    return RankHost(cores_per_rank=cores, compute_threads=max(1, compute_threads), host_threads=host)
+
+
 def bind(cores: Sequence[int]) -> None:
     """Bind every thread of this process (and so everything it starts later) to ``cores``."""
     mask = set(cores)

@@ -18,6 +18,7 @@ import datetime as dt
 import hashlib
 import json
 import math
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -160,12 +161,32 @@ def _ranges(judged: dict[tuple[str, str], list[R.Judgement]], rows: list[R.Judge
 
 def _bisect_cmd(h: History, case: str, metric: str, commits: str, night: Night, store: str) -> str | None:
     good, _, bad = commits.partition("..")
-    if not bad or "unknown" in (good, bad) or metric not in ("tokens_per_s", "step_s_median", "loss_hash"):
+    if not bad or "unknown" in (good, bad) or metric not in ("tokens_per_s", "step_s_median", "loss_hash",
+                                                             "planned_over_best"):
         return None  # nothing to bisect (one commit, or an unknown end)
     spec = next((json.loads(s.text) for s in h.samples(night.id) if s.case == case and s.metric == "spec" and s.text),
                 {})
+    if metric == "planned_over_best":
+        return _plan_optimality_cmd(case, spec, good, bad)
     flags = "".join(f" --{k.replace('_', '-')} {v}" for k, v in sorted(spec.items()))
     return f"superoffload nightly bisect --case {case} --metric {metric} --good {good} --bad {bad}{flags}"
+
+
+def _plan_optimality_cmd(case: str, spec: dict[str, Any], good: str, bad: str) -> str | None:
+    """A planner regression is not bisected run by run: the command measures the case's grid, to run in a checkout
+    of each end (the plans, and which configuration wins, say what changed)."""
+    m = re.fullmatch(r"plan_optimality_(?P<model>.+)_s(?P<seq>\d+)_b(?P<batch>\d+)_w(?P<world>\d+)_(?P<dtype>\w+)",
+                     case)
+    if m is None:
+        return None
+    flags = "".join(f" --{k.replace('_', '-')} {v}" for k, v in (("grid", spec.get("grid") and ",".join(spec["grid"])),
+                                                                  ("repeats", spec.get("repeats")),
+                                                                  ("steps", spec.get("steps")),
+                                                                  ("warmup", spec.get("warmup")),
+                                                                  ("threads", spec.get("threads")),
+                                                                  ("hardware", spec.get("hardware"))) if v is not None)
+    return (f"python benchmarks/plan_optimality.py --workloads {m['model']}:{m['seq']}:{m['batch']} --world "
+            f"{m['world']} --dtype {m['dtype']}{flags} --out po-COMMIT.json   # in a checkout of {good} and of {bad}")
 
 
 def check(h: History, suite: str, cfg: R.RuleConfig, fp_want: str | None = None, repo: str | None = None,

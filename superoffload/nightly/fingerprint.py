@@ -21,6 +21,11 @@ def from_record(rec: dict[str, Any]) -> dict[str, Any]:
     """The fingerprint fields of one run record (None where the record does not say)."""
     prov = rec.get("provenance") or {}
     run = rec.get("run") or {}
+    settings = rec.get("settings")
+    if not run and isinstance(settings, dict):  # a plan_optimality result: how its runs used the machine
+        dtypes = settings.get("dtype") or []
+        run = {"threads": settings.get("threads") or None, "bind_cores": settings.get("bind_cores"),
+               "dtype": dtypes[0] if len(dtypes) == 1 else None}
     device = str(prov.get("device") or "")
     # on a CUDA run the record's device is the GPU's name ("NVIDIA H200"); otherwise "cpu" or "sim (...)"
     on_gpu = bool(prov.get("cuda")) and device != "cpu" and not device.startswith("sim")

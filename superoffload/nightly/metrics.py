@@ -48,6 +48,11 @@ TRAINING: dict[str, Metric] = {m.name: m for m in (
     Metric("loss_final", "", "recorded", "none", 0.0, "last loss of the trajectory"),
     Metric("losses", "", "recorded", "none", 0.0, "the loss trajectory (JSON)"),
     Metric("spec", "", "recorded", "none", 0.0, "how the case ran (steps, warm-up, threads, dtype, clip; JSON)"),
+    # a plan-optimality case (benchmarks/plan_optimality.py on a small grid, one case per point): the plan's tokens/s
+    # over the best configuration's, per repeat of the grid (paired: the same repeat's runs sit side by side)
+    Metric("planned_over_best", "", "relative", "higher", 0.10,
+           "planned / best tokens/s of a small optimality grid (a planner regression lowers it)"),
+    Metric("best_config", "", "recorded", "none", 0.0, "the grid's fastest configuration that night"),
 )}
 
 MICROBENCH: dict[str, Metric] = {m.name: m for m in (
@@ -72,8 +77,43 @@ def _num(x: Any) -> float | None:
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
 
 
+PLAN_OPTIMALITY_KIND = "plan_optimality"
+
+
+def plan_optimality_case(point_id: str) -> str:
+    """The nightly case of one optimality point ('gpt-tiny:s128:b2:w1:fp32' ->
+    'plan_optimality_gpt-tiny_s128_b2_w1_fp32')."""
+    return "plan_optimality_" + point_id.replace(":", "_")
+
+
+def from_plan_optimality(rec: dict[str, Any]) -> list[Sample]:
+    """The samples of a plan_optimality result (plan_optimality.schema.json): per point a case; per repeat of
+    the grid the plan's tokens/s over the point's best configuration's (by median) in that same repeat; status
+    ok when the grid finished and both ran every repeat; how it ran (its settings) as the spec."""
+    out: list[Sample] = []
+    settings = rec.get("settings") or {}
+    spec = json.dumps({k: settings.get(k) for k in ("grid", "repeats", "steps", "warmup", "threads", "bind_cores",
+                                                     "hardware", "peers") if k in settings}, sort_keys=True)
+    for p in rec.get("points") or []:
+        case = plan_optimality_case(p["id"])
+        configs = {c["label"]: c for c in p.get("configs") or []}
+        planned, best = configs.get("planned"), configs.get(p.get("best_label") or "")
+        ok = bool(rec.get("complete")) and planned is not None and best is not None and not planned["errors"] \
+            and not best["errors"] and len(planned["tokens_per_s"]) == len(best["tokens_per_s"]) > 0
+        out += [Sample(case, 0, "status", text="ok" if ok else "error"), Sample(case, 0, "spec", text=spec)]
+        if not ok:
+            continue
+        out.append(Sample(case, 0, "best_config", text=str(p["best_label"])))
+        for i, (a, b) in enumerate(zip(planned["tokens_per_s"], best["tokens_per_s"], strict=True)):
+            out.append(Sample(case, i, "planned_over_best", value=a / b))
+    return out
+
+
 def from_record(case: str, rep: int, rec: dict[str, Any]) -> list[Sample]:
-    """The samples of one run record (a metric the record does not carry is left out, not zero)."""
+    """The samples of one run record (a metric the record does not carry is left out, not zero); a
+    plan_optimality result gives the samples of its points' cases (``from_plan_optimality``)."""
+    if rec.get("kind") == PLAN_OPTIMALITY_KIND:
+        return from_plan_optimality(rec)
     timing = rec.get("timing") or {}
     mem = rec.get("memory") or {}
     stats = rec.get("system_stats") or {}

@@ -52,6 +52,13 @@ class Workload:
     sp: int = 1  # Ulysses sequence-parallel degree: each group of sp consecutive ranks shares its sequences
     offload_checkpoints: bool = False  # checkpointed blocks' inputs in host memory (ActivationOffloader)
     loss_tile: int | None = None  # tokens per tile of the tiled cross-entropy; None: the plain loss
+    # The host a rank may use (docs/cost_model.md, "Host cores per rank"); None: the profile's defaults
+    # (host_share). `cores_per_rank`: the cores of the rank's host (a `bench run --bind-cores` slice);
+    # `compute_threads`: the threads its compute runs on when the device is the host (torch's intra-op
+    # pool); `host_threads`: the host optimizer's threads (engine config `host_threads`)
+    cores_per_rank: float | None = None
+    compute_threads: int | None = None
+    host_threads: int | None = None
 
     def __post_init__(self) -> None:
         if self.chips < 1 or (self.ranks_per_node is not None and self.ranks_per_node < 1):
@@ -70,6 +77,12 @@ class Workload:
         if self.loss_tile is not None and (not isinstance(self.loss_tile, int) or isinstance(self.loss_tile, bool)
                                            or self.loss_tile < 1):
             raise ValueError(f"loss_tile must be a positive number of tokens (or None), got {self.loss_tile!r}")
+        if self.cores_per_rank is not None and not self.cores_per_rank > 0:
+            raise ValueError(f"cores_per_rank must be > 0, got {self.cores_per_rank!r}")
+        for name in ("compute_threads", "host_threads"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+                raise ValueError(f"{name} must be a positive integer (or None), got {v!r}")
 
     @property
     def dp(self) -> int:
@@ -190,11 +203,12 @@ class _Costs:
     def device_cast(self, params: float) -> float:
         return self.hw.cast_seconds(params, on_host=False)
 
-    def collective(self, kind: str, nbytes: float, calls: int = 1, worker: bool = False) -> float:
-        """`calls` collectives sharing `nbytes` (one per bucket of a group: each pays its latency), issued by
-        the host worker thread when `worker` (the calibrated cost of issuing one from there is added)."""
+    def collective(self, kind: str, nbytes: float, calls: int = 1, worker: bool = False, elem_bytes: int = 4) -> float:
+        """`calls` collectives sharing `nbytes` of `elem_bytes`-byte elements (one per bucket of a group: each pays
+        its latency), issued by the host worker thread when `worker` (the calibrated cost of issuing one from
+        there is added)."""
         calls = max(1, calls)
-        t = calls * self.hw.collective_seconds(kind, nbytes / calls, self.world, self.ranks_per_node)
+        t = calls * self.hw.collective_seconds(kind, nbytes / calls, self.world, self.ranks_per_node, elem_bytes)
         if worker and t > 0 and self.hw.collectives and "intra" in self.hw.collectives:
             t += calls * float(self.hw.collectives["intra"].get("worker_issue_s", 0.0))
         return t
@@ -291,13 +305,49 @@ class _IterMarks:
 
 
 def host_cores_per_rank(w: Workload, hw: HardwareProfile) -> float:
-    """The host's cores over the ranks that share it: on a device that is the host every rank of a node runs
-    on that node's cores (``bench run --nproc W --bind-cores`` gives each a slice); elsewhere each chip has a
-    host of its own."""
+    """The cores of one rank's host: ``Workload.cores_per_rank`` when given (a ``bench run --bind-cores``
+    slice); else, on a device that is the host, the host's cores over the ranks of a node, which all run on
+    them; elsewhere each chip has a host of its own."""
+    if w.cores_per_rank is not None:
+        return float(w.cores_per_rank)
     if not hw.device_is_host:
         return float(hw.host_cores)
     per_node = w.ranks_per_node or min(w.chips, max(1, hw.chips_per_node))
     return hw.host_cores / max(1, min(w.chips, per_node))
+
+
+@dataclass(frozen=True)
+class HostShare:
+    """What one rank's host can give its host worker (docs/cost_model.md, "Host cores per rank")."""
+
+    cores: float  # the rank's cores
+    compute_threads: int | None  # threads of the rank's compute when the device is the host (None: a GPU)
+    host_threads: int  # threads the host optimizer runs at
+    own_core: bool  # the host worker has a core the compute does not use: host work overlaps compute
+
+    def describe(self) -> str:
+        compute = "" if self.compute_threads is None else f", compute on {self.compute_threads} thread(s)"
+        where = ("its own core(s), beside the compute" if self.own_core
+                 else "the core(s) the rank computes on: nothing it does overlaps compute")
+        return (f"{self.cores:g} host core(s) per rank{compute}; the host worker ({self.host_threads} optimizer "
+                f"thread(s)) runs on {where}")
+
+
+def host_share(w: Workload, hw: HardwareProfile) -> HostShare:
+    """The rank's cores, its compute threads and the host worker's threads, and whether the worker has a core
+    of its own. On a device that is the host the compute takes ``compute_threads`` of the rank's cores (the
+    run's, else the profile's, else 1) and the worker has a core of its own only when one is left; its
+    optimizer threads are the run's ``host_threads``, else the cores left (at least 1), as ``bench run
+    --bind-cores`` sets them (harness/placement.py). A GPU's host computes nothing: the worker has its cores
+    (its threads: the run's, else the profile's measured count)."""
+    cores = host_cores_per_rank(w, hw)
+    if not hw.device_is_host:
+        threads = w.host_threads or hw.host_adam_threads or max(1, int(cores))
+        return HostShare(cores, None, threads, True)
+    compute = w.compute_threads or hw.compute_threads or 1
+    spare = int(cores + 1e-9) - compute
+    threads = w.host_threads or max(1, spare)
+    return HostShare(cores, compute, threads, spare >= 1)
 
 
 class _Builder:
@@ -306,10 +356,24 @@ class _Builder:
     def __init__(self, w: Workload, hw: HardwareProfile, spec: SystemSpec) -> None:
         self.w, self.hw, self.spec = w, hw, spec
         self.costs = _Costs(w, hw)
-        # a device that is the host, with fewer than two cores per rank: the host worker (optimizer steps,
-        # casts) has no core of its own and runs on the one the rank computes on, so nothing overlaps
-        self.host_shares_compute = hw.device_is_host and host_cores_per_rank(w, hw) < 2
-        self.graph = Graph({HOST: COMPUTE} if self.host_shares_compute else None)
+        self.share = host_share(w, hw)
+        # a device that is the host, without a core for the host worker beside the compute threads: the
+        # worker's ops (optimizer steps, casts) run on the cores the rank computes on, and so do gloo's
+        # collectives (CPU threads of the process group), so none of them overlaps compute. With a core of
+        # its own the worker's core also runs the collectives' threads
+        self.host_shares_compute = hw.device_is_host and not self.share.own_core
+        aliases = ({HOST: COMPUTE, NET: COMPUTE} if self.host_shares_compute
+                   else {NET: HOST} if hw.device_is_host else None)
+        self.graph = Graph(aliases)
+        # a device that is the host: the engine waits for each bucket's gradient reduce-scatter on the training
+        # thread (engine/engine.py `_launch`: comm.wait, a blocking wait on a CPU process group, where on CUDA it
+        # is a stream wait), so backward continues only once it is done
+        self.reduce_blocks_compute = hw.device_is_host and spec.name == "superoffload"
+        self._blocking: list[int] = []
+        # a device that is the host, the worker on a core of its own: its work still slows the compute beside it
+        # (memory bandwidth, caches, SMT siblings) by the share calibrate measured; each host op adds that share
+        # of its time to the compute stream, from when it can start
+        self.interference = (hw.host_interference or 0.0) if hw.device_is_host and self.share.own_core else 0.0
         bucket = w.shape.block_params() if spec.all_layers_stream else spec.bucket_size
         # only SuperOffload splits a tensor larger than a bucket; the peers' buckets hold whole tensors
         self.groups = bk.bucket_groups(w.shape, bucket, spec.device_tail_buckets, last_host=spec.upload_slots,
@@ -347,7 +411,8 @@ class _Builder:
                 f = self.graph.add(f"it{it}.fetchcast{layer}", COMPUTE, t_cast, [f], "device_cast", it)
             before = [f]
         if self.world > 1:
-            t = self.costs.collective("all_gather", params * (spec.param_gather_bytes or spec.fetch_bytes))
+            per = spec.param_gather_bytes or spec.fetch_bytes
+            t = self.costs.collective("all_gather", params * per, elem_bytes=per)
             before = [self.graph.add(f"it{it}.gather_{tag}{layer}", NET, t, before, "all_gather", it)]
         return before
 
@@ -446,7 +511,7 @@ class _Builder:
             fetched = graph.add(f"it{it}.ckpt_h2d{self.layers - 1}", H2D, costs.ckpt_h2d,
                                 [prev, self._ckpt_d2h[-1]], "ckpt_h2d", it)
         for i in reversed(range(self.layers)):
-            deps = [prev]
+            deps = [prev] + self._take_blocking()
             if i in self.stream:
                 deps += self._fetch(it, i, [], slot_users, "b")
             if self.w.activation_checkpointing:
@@ -464,10 +529,24 @@ class _Builder:
             prev = self._all_to_all(it, f"b{i}", prev)
             grad_ready[bk.layer_unit(i)] = prev
             emitted = self._emit_ready(it, grad_ready, emitted, last_micro, iter_ops)
-        prev = graph.barrier(f"it{it}.bwd_emb", [prev], it)
+        prev = graph.barrier(f"it{it}.bwd_emb", [prev] + self._take_blocking(), it)
         grad_ready[bk.EMB] = prev
         self._emit_ready(it, grad_ready, emitted, last_micro, iter_ops)
+        if self._blocking:  # the embedding's bucket: backward returns once its reduce-scatter is done
+            prev = graph.barrier(f"it{it}.bwd_end", [prev] + self._take_blocking(), it)
         return prev
+
+    def _host_op(self, name: str, duration: float, deps: list[int], kind: str, it: int) -> int:
+        """A host worker op, and the compute it costs beside it (``interference``)."""
+        op = self.graph.add(name, HOST, duration, deps, kind, it)
+        if self.interference > 0 and duration > 0:
+            self.graph.add(f"{name}.beside", COMPUTE, self.interference * duration, deps, "host_interference", it)
+        return op
+
+    def _take_blocking(self) -> list[int]:
+        """The collectives the training thread has waited for since the last compute op (then forgotten)."""
+        out, self._blocking = self._blocking, []
+        return out
 
     # -- bucket stages up to the host step --------------------------------------------------------
     _norm_ops: list[int]
@@ -489,14 +568,22 @@ class _Builder:
         spec = self.spec
         if self.world <= 1 or spec.grad_reduce is None:
             return last
-        t = self.costs.collective(spec.grad_reduce, n * spec.grad_reduce_bytes, calls=self.groups[j].real_buckets)
+        t = self.costs.collective(spec.grad_reduce, n * spec.grad_reduce_bytes, calls=self.groups[j].real_buckets,
+                                  elem_bytes=spec.grad_reduce_bytes)
         op = self.graph.add(f"it{it}.{spec.grad_reduce}{j}", NET, t, [last], spec.grad_reduce, it)
         self._norm_ops.append(op)
+        if self.reduce_blocks_compute:
+            self._blocking.append(op)
         return op
 
     def _grad_path(self, it: int, j: int, ready: int) -> dict[str, Any]:
         spec, graph, costs, group = self.spec, self.graph, self.costs, self.groups[j]
         n, real = group.params, group.real_buckets
+        if spec.name == "superoffload":  # the launch's machinery, on the training thread, in backward
+            t = ov.engine_launch_overhead_s(self.hw, n, real)
+            if t > 0:
+                ready = graph.add(f"it{it}.launch{j}", COMPUTE, t, [ready], "system_overhead", it)
+                self._norm_ops.append(ready)
         if group.on_device or spec.device_only:
             return {"j": j, "ready": self._reduce(it, j, ready, n), "device": True}
         last = ready
@@ -512,7 +599,7 @@ class _Builder:
             t = costs.link("d2h", shard, spec.grad_d2h_bytes, real)
             last = graph.add(f"it{it}.d2h{j}", D2H, t, [last], "d2h", it)
         if spec.grad_host_cast:
-            last = graph.add(f"it{it}.hcast{j}", HOST, costs.host_cast(shard), [last], "host_cast", it)
+            last = self._host_op(f"it{it}.hcast{j}", costs.host_cast(shard), [last], "host_cast", it)
         return {"j": j, "ready": last, "device": False}
 
     # -- host step, commit, parameter return, device tail -----------------------------------------
@@ -535,7 +622,11 @@ class _Builder:
         # into; the others step when step() publishes them, after validation, in forward order
         at_publish = [p for p in self._pending if spec.upload_slots and not p["device"]
                       and not self.groups[p["j"]].first_forward and not spec.host_waits_backward]
-        for p in self._pending:
+        # validating first, the engine submits the buckets' steps after validation in the order the next forward
+        # needs them, the last-arriving (first layers) first (engine/engine.py `_validate_and_apply`): the worker
+        # queue is FIFO, so the graph adds them in that order; speculative passes go in arrival order
+        pending = list(reversed(self._pending)) if spec.host_waits_backward else self._pending
+        for p in pending:
             if any(p is q for q in at_publish):
                 continue
             group = self.groups[p["j"]]
@@ -550,9 +641,9 @@ class _Builder:
                 step_ops.append(op)
                 continue
             deps = [p["ready"]] + ([validate] if spec.host_waits_backward else [])
-            t = (hw.host_adam_seconds(shard, spec.host_optimizer, spec.spec_extra_bytes)
+            t = (hw.host_adam_seconds(shard, spec.host_optimizer, spec.spec_extra_bytes, self.share.host_threads)
                  + group.real_buckets * hw.sync_latency_s)
-            adam = graph.add(f"it{it}.hadam{p['j']}", HOST, t, deps, "host_adam", it)
+            adam = self._host_op(f"it{it}.hadam{p['j']}", t, deps, "host_adam", it)
             step_ops.append(adam)
             if spec.commit_bytes:
                 commits.append((p["j"], adam))
@@ -560,28 +651,30 @@ class _Builder:
         for p in reversed(at_publish):
             adams.append((p["j"], self._step_at_publish(it, p, validate, step_ops)))
         # the deferred commit passes run after every bucket's return (the worker's queue order)
-        commit_gbps = hw.host_adam_gbps[spec.host_optimizer]
+        commit_gbps = hw.host_adam_rate(spec.host_optimizer, self.share.host_threads)
         for j, adam in commits:
             commit_t = self.groups[j].params * self.shard * spec.commit_bytes / (commit_gbps * 1e9)
-            step_ops.append(graph.add(f"it{it}.commit{j}", HOST, commit_t, [adam, validate], "host_commit", it))
+            step_ops.append(self._host_op(f"it{it}.commit{j}", commit_t, [adam, validate], "host_commit", it))
         return adams
 
     def _step_at_publish(self, it: int, p: dict[str, Any], validate: int, step_ops: list[int]) -> int:
         """A bucket without an upload slot: deferred, one pass writing state and weights after validation;
         full_copy, the out-of-place pass during backward (no weights) and the weights cast from the new
         master at publish. Returns the op the bucket's return waits for."""
-        spec, graph, hw = self.spec, self.graph, self.hw
+        spec, hw = self.spec, self.hw
         group = self.groups[p["j"]]
         shard = group.params * self.shard
         latency = group.real_buckets * hw.sync_latency_s
         if spec.commit_bytes:  # deferred
-            t = hw.host_adam_seconds(shard, spec.host_optimizer, spec.spec_extra_bytes) + latency
-            op = graph.add(f"it{it}.padam{p['j']}", HOST, t, [p["ready"], validate], "host_adam", it)
+            t = (hw.host_adam_seconds(shard, spec.host_optimizer, spec.spec_extra_bytes, self.share.host_threads)
+                 + latency)
+            op = self._host_op(f"it{it}.padam{p['j']}", t, [p["ready"], validate], "host_adam", it)
         else:
-            t = hw.host_adam_seconds(shard, spec.host_optimizer, spec.spec_extra_bytes - spec.fused_cast_bytes)
-            adam = graph.add(f"it{it}.hadam{p['j']}", HOST, t + latency, [p["ready"]], "host_adam", it)
+            t = hw.host_adam_seconds(shard, spec.host_optimizer, spec.spec_extra_bytes - spec.fused_cast_bytes,
+                                     self.share.host_threads)
+            adam = self._host_op(f"it{it}.hadam{p['j']}", t + latency, [p["ready"]], "host_adam", it)
             step_ops.append(adam)
-            op = graph.add(f"it{it}.pcast{p['j']}", HOST, self.costs.host_cast(shard), [adam, validate],
+            op = self._host_op(f"it{it}.pcast{p['j']}", self.costs.host_cast(shard), [adam, validate],
                            "host_cast", it)
         step_ops.append(op)
         return op
@@ -592,14 +685,16 @@ class _Builder:
         bucket or after all steps), device cast; what each unit's next use waits for."""
         spec, graph, costs = self.spec, self.graph, self.costs
         all_adams = graph.barrier(f"it{it}.adams_done", [a for _, a in adams] + [validate], it)
-        for j, adam in adams:
+        # the weights are published in the order the next forward needs them, first layers first (the engine's
+        # finalize order after validation): uploads and all-gathers queue in that order
+        for j, adam in sorted(adams, key=lambda ja: -ja[0]):
             group = self.groups[j]
             streamed = sum(n for u, n in group.pieces if self._is_streamed(u))
             resident = group.params - streamed
             last = adam
             if spec.return_host_cast:
                 t = costs.host_cast(group.params * self.shard)
-                last = graph.add(f"it{it}.rcast{j}", HOST, t, [last], "host_cast", it)
+                last = self._host_op(f"it{it}.rcast{j}", t, [last], "host_cast", it)
             for unit, _ in group.pieces:
                 if self._is_streamed(unit):
                     unit_ready.setdefault(unit, []).append(last)  # next fetch reads the host copy
@@ -636,7 +731,7 @@ class _Builder:
         if self.world <= 1 or not spec.param_gather_bytes or spec.gather_per_layer or spec.all_layers_stream:
             return last
         t = self.costs.collective("all_gather", params * spec.param_gather_bytes, calls=calls,
-                                  worker=worker and spec.name == "superoffload")
+                                  worker=worker and spec.name == "superoffload", elem_bytes=spec.param_gather_bytes)
         return self.graph.add(f"it{it}.all_gather{tag}", NET, t, [last], "all_gather", it)
 
     def _step_overheads(self, it: int, validate: int, step_ops: list[int]) -> list[int]:
@@ -650,8 +745,8 @@ class _Builder:
         if opt_t > 0:
             res = COMPUTE if spec.device_only else HOST
             ops.append(graph.add(f"it{it}.opt_overhead", res, opt_t, [validate], "optimizer_overhead", it))
-        buckets = ov.engine_buckets(shape, spec.bucket_size) if spec.name == "superoffload" else 0
-        sys_t = ov.system_step_overhead_s(spec.name, shape, hw, buckets)
+        # SuperOffload's per-bucket and per-parameter machinery is charged at each bucket's launch (_grad_path)
+        sys_t = ov.system_step_overhead_s(spec.name, shape, hw, per_bucket_and_param=spec.name != "superoffload")
         if sys_t > 0:
             after = [validate] + (step_ops + ops if spec.forward_waits_all else [])
             ops.append(graph.add(f"it{it}.sys_overhead", COMPUTE, sys_t, after, "system_overhead", it))
@@ -818,8 +913,14 @@ def _summarise(system: str, w: Workload, hw: HardwareProfile, opts: Options, spe
     stages = {k: v for k, v in sched.kind_time(it).items() if v > 0}
     notes = list(spec.notes)
     if b.host_shares_compute:
-        notes.append(f"{host_cores_per_rank(w, hw):g} host core(s) per rank: the host's work (optimizer steps, casts) "
-                     "runs on the rank's compute core, not beside it")
+        notes.append(f"{b.share.cores:g} host core(s) per rank, compute on {b.share.compute_threads} thread(s): the "
+                     "host's work (optimizer steps, casts) and the collectives run on the rank's compute core, not "
+                     "beside it")
+    if (hw.device_is_host and hw.compute_threads is not None and b.share.compute_threads is not None
+            and b.share.compute_threads != hw.compute_threads):
+        notes.append(f"compute rates measured at {hw.compute_threads} thread(s), the run computes on "
+                     f"{b.share.compute_threads}: compute predicted at the measured rates (calibrate --threads "
+                     f"{b.share.compute_threads} measures the run's)")
     if w.chips > 1 and not hw.has_interconnect():
         notes.append(f"{hw.name} has no interconnect bandwidths: the collectives of {w.chips} chips cost nothing here")
     return Prediction(

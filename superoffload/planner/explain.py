@@ -22,7 +22,8 @@ def explain(model: str | ModelShape, seq: int, batch: int, hardware: str | Path 
             activation_checkpointing: bool = True, json: bool = False,
             hbm_budget: float | None = None, chips: int = 1, ranks_per_node: int | None = None,
             sp: int | None = None, offload_checkpoints: bool | None = None, loss_tile: int | None = None,
-            precision: str = "bf16") -> str:
+            precision: str = "bf16", cores_per_rank: float | None = None, compute_threads: int | None = None,
+            host_threads: int | None = None) -> str:
     """The plan as text (or JSON with ``json=True``) for one rank of ``chips`` ranks (``chips / sp``
     data-parallel groups of ``sp`` sequence-parallel ranks; None: the planner chooses, as for
     ``offload_checkpoints`` and ``loss_tile``, 0 = the plain loss)."""
@@ -30,7 +31,8 @@ def explain(model: str | ModelShape, seq: int, batch: int, hardware: str | Path 
     hw = get_profile(hardware)
     plan = make_plan(shape, seq, batch, hw, activation_checkpointing=activation_checkpointing,
                      hbm_budget=hbm_budget, chips=chips, ranks_per_node=ranks_per_node, sp=sp,
-                     offload_checkpoints=offload_checkpoints, loss_tile=loss_tile, precision=precision)
+                     offload_checkpoints=offload_checkpoints, loss_tile=loss_tile, precision=precision,
+                     cores_per_rank=cores_per_rank, compute_threads=compute_threads, host_threads=host_threads)
     if json:
         return jsonlib.dumps({"plan": plan.to_dict(), "hardware": hw.to_dict()}, indent=2, sort_keys=True)
     return format_plan(plan, shape)
@@ -103,8 +105,21 @@ def format_plan(plan: Plan, shape: ModelShape) -> str:
         lines += [f"    {k:<18} {v * 1e3:9.1f} ms" for k, v in stages]
         lines += [""] + format_memory(p.memory, plan.hbm_budget_bytes, chips > 1, p.params / chips)
     lines += format_alternatives(getattr(plan, "alternatives", {}))
-    lines += ["", "Why:"] + [f"  - {r}" for r in plan.reasons]
+    lines += format_off(getattr(plan, "off", {}))
+    # the "Off:" reasons are the section above, one per technique
+    lines += ["", "Why:"] + [f"  - {r}" for r in plan.reasons if not r.startswith("Off: ")]
     return "\n".join(lines)
+
+
+def format_off(off: dict) -> list[str]:
+    """Every technique the plan turned off: why, and how to force it on."""
+    if not off:
+        return []
+    lines = ["", "Turned off (why; how to turn it on):"]
+    for key, o in off.items():
+        lines.append(f"  {key:<20} {o['technique']}: {o['reason']}")
+        lines.append(f"  {'':<20}   on: {o['force']}")
+    return lines
 
 
 def _value(v: object) -> str:
@@ -177,12 +192,18 @@ def _run(args: argparse.Namespace) -> int:
             raise ValueError(f"--ranks-per-node must be a positive integer, got {args.ranks_per_node}")
         if args.hbm_budget_gb is not None and not args.hbm_budget_gb > 0:
             raise ValueError(f"--hbm-budget-gb must be > 0, got {args.hbm_budget_gb}")
+        if args.cores_per_rank is not None and not args.cores_per_rank > 0:
+            raise ValueError(f"--cores-per-rank must be > 0, got {args.cores_per_rank}")
+        for name in ("threads", "host_threads"):
+            if getattr(args, name) is not None and getattr(args, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
         text = explain(args.model, args.seq, args.batch, args.hardware,
                        activation_checkpointing=not args.no_checkpointing, json=args.json,
                        hbm_budget=args.hbm_budget_gb * GB if args.hbm_budget_gb else None,
                        chips=args.chips, ranks_per_node=args.ranks_per_node, sp=args.sp,
                        offload_checkpoints=args.offload_checkpoints, loss_tile=args.loss_tile,
-                       precision=args.precision)
+                       precision=args.precision, cores_per_rank=args.cores_per_rank, compute_threads=args.threads,
+                       host_threads=args.host_threads)
     except PlanInfeasible as e:
         return _fail("infeasible", e)
     except ValueError as e:  # unknown model or hardware, a bad profile file, a bad number
@@ -221,4 +242,13 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
                    help="activation checkpoints in host memory (default: the planner chooses)")
     p.add_argument("--loss-tile", type=int, default=None,
                    help="tokens per tile of the tiled loss, 0 for the plain loss (default: the planner chooses)")
+    p.add_argument("--cores-per-rank", type=float, default=None,
+                   help="host cores one rank may use, e.g. a `bench run --bind-cores` slice (default: the profile's "
+                        "cores over the ranks sharing a host when the device is the host, else the chip's own host)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="compute threads per rank when the device is the host (bench run --threads; default: the "
+                        "profile's measured count, else 1); the host worker overlaps compute only with a core left")
+    p.add_argument("--host-threads", type=int, default=None,
+                   help="host optimizer threads per rank (engine host_threads; default: the cores left beside the "
+                        "compute, at least 1); host Adam is priced at the profile's rate for that many threads")
     p.set_defaults(func=_run)

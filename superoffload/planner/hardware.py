@@ -168,17 +168,46 @@ class HardwareProfile:
     device_fp32_matmul_flops: float | None = None
     # collectives measured by `calibrate` on the process group the engine runs with, per link class
     # ("intra": ranks of one node; "inter": across nodes): {"backend", "world", "sizes" (bytes), "seconds":
-    # {kind: [...]}, "latency_s": {kind: a}, "gbps": {kind: b}, "worker_issue_s"} (calibrate/collectives.py).
+    # {kind: [...]}, "latency_s": {kind: a}, "gbps": {kind: b}, "worker_issue_s", "dtypes": {"bf16": {"seconds",
+    # "latency_s", "gbps"}}} (fp32 at the top; calibrate/collectives.py).
     # When present they replace the link numbers above for that class (docs/cost_model.md, "Collectives").
     collectives: dict[str, dict[str, Any]] | None = None
+    # Threads. `compute_threads`: the compute threads the compute rates stand for when the device is the host
+    # (calibrate: its --threads; this-cpu: every usable CPU, whose compute it scales to; None: unknown, taken
+    # as 1). `host_adam_threads`: the threads `host_adam_gbps` was measured at (None: the whole host, as the
+    # presets' published rates are). `host_adam_by_threads`: calibrate's host Adam rates at other thread
+    # counts, {"threads": {kind: GB/s}} (JSON keys are strings); the cost model prices a rank's host Adam at
+    # the threads the rank's host worker has (docs/cost_model.md, "Host cores per rank").
+    compute_threads: int | None = None
+    host_adam_threads: int | None = None
+    host_adam_by_threads: dict[str, dict[str, float]] | None = None
+    # a device that is the host, the worker on a core of its own: seconds of compute lost per second the host
+    # worker streams host Adam beside it (shared memory bandwidth, caches, SMT siblings), measured by calibrate
+    # (machine._host_interference); None: not measured, taken as 0 (cores that do not interfere)
+    host_interference: float | None = None
 
     # --- derived rates ---------------------------------------------------------------------------
-    def host_adam_seconds(self, params: float, host_optimizer: str, extra_bytes_per_param: float = 0.0) -> float:
+    def host_adam_rate(self, host_optimizer: str, threads: int | None = None) -> float:
+        """Effective GB/s (28 B/param) of one host Adam kernel at `threads` threads: the measured rate at the
+        largest measured thread count not above `threads` (never extrapolated upward); without measurements
+        at other counts, or for `threads` None, the profile's rate."""
         try:
             gbps = self.host_adam_gbps[host_optimizer]
         except KeyError:
             raise ValueError(f"profile {self.name!r} has no host Adam rate for {host_optimizer!r}; "
                              f"has {sorted(self.host_adam_gbps)}") from None
+        if threads is None or not self.host_adam_by_threads:
+            return gbps
+        table = {int(t): r for t, r in self.host_adam_by_threads.items() if host_optimizer in r}
+        if self.host_adam_threads is not None:
+            table.setdefault(self.host_adam_threads, {host_optimizer: gbps})
+        below = [t for t in table if t <= threads]
+        # fewer threads than any measurement (calibrate always measures 1): the closest, the fewest measured
+        return table[max(below) if below else min(table)][host_optimizer]
+
+    def host_adam_seconds(self, params: float, host_optimizer: str, extra_bytes_per_param: float = 0.0,
+                          threads: int | None = None) -> float:
+        gbps = self.host_adam_rate(host_optimizer, threads)
         return params * (ADAM_BYTES_PER_PARAM + extra_bytes_per_param) / (gbps * GB)
 
     def device_adam_seconds(self, params: float) -> float:
@@ -192,7 +221,8 @@ class HardwareProfile:
     def has_interconnect(self) -> bool:
         return bool(self.collectives) or (self.intra_node_gbps is not None and self.inter_node_gbps is not None)
 
-    def collective_seconds(self, kind: str, nbytes: float, world: int, ranks_per_node: int | None = None) -> float:
+    def collective_seconds(self, kind: str, nbytes: float, world: int, ranks_per_node: int | None = None,
+                           elem_bytes: int = 4) -> float:
         """One ring collective over ``world`` ranks; ``nbytes`` is the whole buffer (the gathered output
         of an all-gather, the input of a reduce-scatter, the tensor of an all-reduce).
 
@@ -201,8 +231,10 @@ class HardwareProfile:
         ranks do not fit in one node (``ranks_per_node`` of them per node, default as many as a node
         holds), and is then limited by the inter-node bandwidth. With calibrated collectives for that link
         class: the measured time at the measured world size (interpolated in log-log between measured
-        sizes), else the same ring formula on the latency and bandwidth fitted to the measurement. 0 for
-        one rank, or when the profile has no interconnect numbers."""
+        sizes), else the same ring formula on the latency and bandwidth fitted to the measurement; a 2-byte
+        collective (bf16 or fp16, ``elem_bytes``) on the bf16 measurement where the calibration has one (a
+        backend reduces another dtype at another speed per byte). 0 for one rank, or when the profile has no
+        interconnect numbers."""
         if kind not in COLLECTIVES:
             raise ValueError(f"collective must be one of {', '.join(COLLECTIVES)}, not {kind!r}")
         if world <= 1 or nbytes <= 0 or not self.has_interconnect():
@@ -210,6 +242,8 @@ class HardwareProfile:
         per_node = ranks_per_node or min(world, max(1, self.chips_per_node))
         across = math.ceil(world / per_node) > 1
         measured = (self.collectives or {}).get("inter" if across else "intra")
+        if measured is not None and elem_bytes == 2 and "bf16" in (measured.get("dtypes") or {}):
+            measured = {**measured, **measured["dtypes"]["bf16"]}
         if measured is not None and kind in measured.get("seconds", {}):
             return _measured_collective(measured, kind, nbytes, world)
         if self.intra_node_gbps is None or self.inter_node_gbps is None:

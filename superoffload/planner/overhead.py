@@ -77,16 +77,33 @@ def optimizer_overhead_s(shape: ModelShape, hw: HardwareProfile, clipping: bool)
     return t
 
 
-def system_step_overhead_s(system: str, shape: ModelShape, hw: HardwareProfile, buckets: int = 0) -> float:
+def system_step_overhead_s(system: str, shape: ModelShape, hw: HardwareProfile, buckets: int = 0,
+                           per_bucket_and_param: bool = True) -> float:
     """A system's per-step machinery outside the modelled ops (ZeRO-3 / FSDP hooks and flattening per
     layer and tensor, the engine's per-bucket work, size-dependent copies the graph does not have), as
-    calibrate measured it on a degenerate model."""
+    calibrate measured it on a degenerate model. ``per_bucket_and_param=False`` leaves out the per-bucket and
+    per-parameter terms, which the cost model charges at each bucket's launch instead for the SuperOffload
+    engine (``engine_launch_overhead_s``)."""
     c = (hw.system_step_s or {}).get(system)
     if not c:
         return 0.0
-    return (c.get("fixed_s", 0.0) + c.get("per_layer_s", 0.0) * shape.layers
-            + c.get("per_tensor_s", 0.0) * param_tensors(shape) + c.get("per_bucket_s", 0.0) * buckets
-            + c.get("per_param_s", 0.0) * shape.total_params())
+    t = (c.get("fixed_s", 0.0) + c.get("per_layer_s", 0.0) * shape.layers
+         + c.get("per_tensor_s", 0.0) * param_tensors(shape))
+    if per_bucket_and_param:
+        t += c.get("per_bucket_s", 0.0) * buckets + c.get("per_param_s", 0.0) * shape.total_params()
+    return t
+
+
+def engine_launch_overhead_s(hw: HardwareProfile, params: float, buckets: int) -> float:
+    """The SuperOffload engine's machinery of `buckets` buckets holding `params` parameters at their launch, in
+    backward: calibrate's per-bucket and per-parameter terms. The launch (engine/engine.py `_launch`, from a
+    gradient hook on the training thread) flattens the bucket's gradients, computes its norm and hands it on,
+    once per bucket and per parameter; the step after validation does not touch every parameter again on that
+    thread. Charging them after validation let them overlap the host step, which they do not."""
+    c = (hw.system_step_s or {}).get("superoffload")
+    if not c:
+        return 0.0
+    return c.get("per_bucket_s", 0.0) * buckets + c.get("per_param_s", 0.0) * params
 
 
 def engine_buckets(shape: ModelShape, bucket_size: int) -> int:

@@ -19,11 +19,12 @@ from superoffload.planner.costmodel import (
     Prediction,
     Workload,
     estimate_memory,
+    host_share,
     layer_forward_seconds,
     predict,
     ulysses_block_seconds,
 )
-from superoffload.planner.hardware import GB, LEGACY_HOST_OPTIMIZERS, MB, HardwareProfile
+from superoffload.planner.hardware import ADAM_BYTES_PER_PARAM, GB, LEGACY_HOST_OPTIMIZERS, MB, HardwareProfile
 from superoffload.planner.memory import (
     ADAM_STATE,
     BF16,
@@ -36,7 +37,7 @@ from superoffload.planner.memory import (
     loss_transient,
     ulysses_kv_repeat,
 )
-from superoffload.planner.systems import Options, system_spec
+from superoffload.planner.systems import UNFUSED_GRAD_COPY, UNFUSED_OUT_COPY, Options, system_spec
 from superoffload.shapes import ModelShape
 
 LINK_SATURATION = 0.90  # bucket = smallest transfer reaching this share of the link's peak
@@ -56,6 +57,9 @@ UPLOAD_SLOTS = (4, 2, 8, 16)
 # faster predicted step: within the model's resolution the two are the same step
 SPECULATION_MIN_GAIN = 0.01
 UPLOAD_SLOTS_MIN_GAIN = 0.01  # a deeper ring (more pinned slots) only for a >= 1 % faster predicted step
+# GraceAdam (the paper's kernel, the engine's default, one fused pass) unless another kernel is >= 1 % cheaper
+# per parameter as the engine runs it: a calibration's kernel rates differ by about that between runs
+HOST_OPTIMIZER_MIN_GAIN = 0.01
 
 
 class PlanInfeasible(ValueError):
@@ -106,6 +110,13 @@ class Plan:
     # step, the runner-up and its predicted step (None where memory left no other), and why (``_alternative``)
     alternatives: dict[str, dict[str, Any]] = field(default_factory=dict)
     upload_slots: int = 0  # 0: an upload buffer per host bucket; k: a ring of k pinned slots
+    # the host the plan was made for (None: the profile's defaults; costmodel.host_share): cores per rank, the
+    # compute threads (a device that is the host) and the host optimizer's threads
+    cores_per_rank: float | None = None
+    compute_threads: int | None = None
+    host_threads: int | None = None
+    # every technique the plan turns off: knob -> {"technique", "reason", "force"} (``techniques_off``)
+    off: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def engine_options(self, precision: str = "bf16") -> dict[str, Any]:
         """The plan as engine config keys and values, to merge over the engine's defaults. With fp32
@@ -126,7 +137,9 @@ class Plan:
         table is extended to the plan's sequence as ``make_plan`` does)."""
         return Workload(positions_for(shape, self.seq), self.seq, self.batch, self.activation_checkpointing,
                         chips=self.chips, ranks_per_node=self.ranks_per_node, sp=self.sp,
-                        offload_checkpoints=self.offload_checkpoints, loss_tile=self.loss_tile)
+                        offload_checkpoints=self.offload_checkpoints, loss_tile=self.loss_tile,
+                        cores_per_rank=self.cores_per_rank, compute_threads=self.compute_threads,
+                        host_threads=self.host_threads)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -193,20 +206,72 @@ def _positions_reason(named: ModelShape, shape: ModelShape, seq: int) -> str:
 
 def _initial_workload(shape: ModelShape, seq: int, batch: int, activation_checkpointing: bool, chips: int,
                       ranks_per_node: int | None, sp: int | None, offload_checkpoints: bool | None,
-                      loss_tile: int | None) -> Workload:
+                      loss_tile: int | None, cores_per_rank: float | None = None, compute_threads: int | None = None,
+                      host_threads: int | None = None) -> Workload:
     """The request as a Workload: what is given is fixed, what is None starts off (SP 1, checkpoints on the
     device, the plain loss) for ``_choose_long_sequence`` to turn on."""
     return Workload(shape, seq, batch, activation_checkpointing, chips=chips, ranks_per_node=ranks_per_node,
-                    sp=sp or 1, offload_checkpoints=bool(offload_checkpoints), loss_tile=loss_tile or None)
+                    sp=sp or 1, offload_checkpoints=bool(offload_checkpoints), loss_tile=loss_tile or None,
+                    cores_per_rank=cores_per_rank, compute_threads=compute_threads, host_threads=host_threads)
 
 
 def _gb(x: float) -> str:
     return f"{x / GB:.1f} GB"
 
 
-def best_host_optimizer(hw: HardwareProfile) -> str:
-    """The host Adam kernel with the highest rate in the profile."""
-    return max(hw.host_adam_gbps, key=lambda k: hw.host_adam_gbps[k])
+def host_optimizer_seconds_per_param(hw: HardwareProfile, kind: str, threads: int | None = None) -> float:
+    """Seconds per parameter of one host step with `kind` as the engine runs it (at `threads` threads): GraceAdam
+    in one fused pass; torch's and DeepSpeed's kernels with the gradient and output copies the engine adds
+    around them (systems.UNFUSED_*)."""
+    extra = 0.0 if kind == "grace" else UNFUSED_GRAD_COPY + UNFUSED_OUT_COPY
+    return (ADAM_BYTES_PER_PARAM + extra) / (hw.host_adam_rate(kind, threads) * 1e9)
+
+
+def best_host_optimizer(hw: HardwareProfile, threads: int | None = None) -> str:
+    """GraceAdam, unless another kernel of the profile is >= HOST_OPTIMIZER_MIN_GAIN cheaper per parameter as
+    the engine runs it (``host_optimizer_seconds_per_param``)."""
+    cost = {k: host_optimizer_seconds_per_param(hw, k, threads) for k in hw.host_adam_gbps}
+    fastest = min(cost, key=lambda k: (cost[k], k != "grace"))
+    if "grace" in cost and cost[fastest] > cost["grace"] * (1 - HOST_OPTIMIZER_MIN_GAIN):
+        return "grace"
+    return fastest
+
+
+def _choose_host_optimizer(w: Workload, hw: HardwareProfile, requested: str | None, reasons: list[str],
+                           alts: dict[str, dict[str, Any]]) -> str:
+    """The host Adam kernel (``best_host_optimizer`` at the rank's host threads, or the caller's), with its
+    reason and runner-up (priced on the final plan by ``_price_alternatives``)."""
+    share = host_share(w, hw)
+    cost = {k: host_optimizer_seconds_per_param(hw, k, share.host_threads) for k in hw.host_adam_gbps}
+    kind = requested or best_host_optimizer(hw, share.host_threads)
+    if kind not in cost:
+        raise ValueError(f"host_optimizer {kind!r}: profile {hw.name!r} has rates for {', '.join(sorted(cost))}")
+    others = sorted((k for k in cost if k != kind), key=lambda k: cost[k])
+    rate = hw.host_adam_rate(kind, share.host_threads)
+    priced = ", ".join(f"{k} {cost[k] * 1e12:.0f}" for k in sorted(cost, key=lambda k: cost[k]))
+    why = ("as requested" if requested else
+           "GraceAdam, one fused pass, unless another kernel is >= "
+           f"{HOST_OPTIMIZER_MIN_GAIN:.0%} cheaper per parameter as the engine runs it")
+    reasons.append(
+        f"Host Adam kernel: {kind} at {rate:.0f} GB/s effective at {share.host_threads} thread(s) "
+        f"({rate / ADAM_BYTES_PER_PARAM:.2f} Gparam/s at 28 B/param; {why}). Per parameter as the engine runs "
+        f"each (torch and cpuadam unfused: +{UNFUSED_GRAD_COPY + UNFUSED_OUT_COPY:.0f} B for a gradient copy and an "
+        f"output copy), in ps: {priced}.")
+    alts["host_optimizer"] = {"chosen": kind, "step_s": 0.0, "runner_up": others[0] if others else None,
+                              "runner_up_step_s": 0.0 if others else None, "why": why}
+    return kind
+
+
+def _host_reason(w: Workload, hw: HardwareProfile) -> str:
+    share = host_share(w, hw)
+    given = [f"{k.replace('_', ' ')} {v:g}" for k, v in (("cores_per_rank", w.cores_per_rank),
+                                                          ("compute_threads", w.compute_threads),
+                                                          ("host_threads", w.host_threads)) if v is not None]
+    source = f"as the run sets them ({', '.join(given)})" if given else "the profile's defaults"
+    effect = ("host Adam, casts and the collectives' threads overlap the compute" if share.own_core else
+              "host Adam, casts and the collectives add to the step: speculation, tail buckets and small buckets "
+              "buy no overlap here")
+    return f"Host cores, {source}: {share.describe()}; so {effect}."
 
 
 def saturating_bucket_bytes(hw: HardwareProfile, share: float = LINK_SATURATION) -> int:
@@ -223,7 +288,8 @@ def make_plan(shape: ModelShape, seq: int, batch: int, hardware: HardwareProfile
               activation_checkpointing: bool = True, hbm_budget: float | None = None,
               grad_accum: int = 1, host_optimizer: str | None = None, chips: int = 1,
               ranks_per_node: int | None = None, sp: int | None = None, offload_checkpoints: bool | None = None,
-              loss_tile: int | None = None, precision: Precision = "bf16") -> Plan:
+              loss_tile: int | None = None, precision: Precision = "bf16", cores_per_rank: float | None = None,
+              compute_threads: int | None = None, host_threads: int | None = None) -> Plan:
     """Choose flow layers, bucket size, device tail, casting and rollback mode for one rank of ``chips``
     ranks: ``chips / sp`` data-parallel groups (each its own micro-batch ``batch``) of ``sp`` Ulysses
     sequence-parallel ranks; each host holds 1/chips of the state. ``precision``: the training precision
@@ -232,18 +298,24 @@ def make_plan(shape: ModelShape, seq: int, batch: int, hardware: HardwareProfile
 
     Long sequences: ``sp``, ``offload_checkpoints`` and ``loss_tile`` (tokens per tile; 0: the plain
     loss) are taken as given; those left None the planner turns on, in the order of
-    ``_choose_long_sequence``, when the device memory does not fit without them."""
+    ``_choose_long_sequence``, when the device memory does not fit without them.
+
+    The host: ``cores_per_rank`` (a ``--bind-cores`` slice), ``compute_threads`` (a device that is the host:
+    torch's threads) and ``host_threads`` (the engine's ``host_threads``), as the run sets them; None takes the
+    profile's defaults (``costmodel.host_share``). They price host Adam at the threads the worker has and decide
+    whether its work overlaps the compute."""
     _check_workload(seq, batch, grad_accum, chips, sp, loss_tile)
     hw = hardware
     named, shape = shape, positions_for(shape, seq)
     w = _initial_workload(shape, seq, batch, activation_checkpointing, chips, ranks_per_node, sp,
-                          offload_checkpoints, loss_tile)
+                          offload_checkpoints, loss_tile, cores_per_rank, compute_threads, host_threads)
     budget = float(hw.device_hbm_bytes if hbm_budget is None else hbm_budget)
     n = shape.total_params()
     reasons: list[str] = []
-    kind = host_optimizer or best_host_optimizer(hw)
-    reasons.append(f"Host Adam kernel: {kind} at {hw.host_adam_gbps[kind]:.0f} GB/s effective "
-                   f"({hw.host_adam_gbps[kind] * 1e9 / 28 / 1e9:.2f} Gparam/s at 28 B/param).")
+    alts: dict[str, dict[str, Any]] = {}
+    kind = _choose_host_optimizer(w, hw, host_optimizer, reasons, alts)
+    if hw.device_is_host or any(v is not None for v in (cores_per_rank, compute_threads, host_threads)):
+        reasons.append(_host_reason(w, hw))
     if shape is not named:
         reasons.append(_positions_reason(named, shape, seq))
     chips_at = len(reasons)  # the chips line goes here once the SP degree is known (step 3)
@@ -267,7 +339,6 @@ def make_plan(shape: ModelShape, seq: int, batch: int, hardware: HardwareProfile
     flow = _choose_flow(w, hw, opts, budget, reasons)
     opts = replace(opts, flow_layers=tuple(flow))
 
-    alts: dict[str, dict[str, Any]] = {}
     _flow_alternative(w, hw, opts, budget, flow, alts)
 
     # 4. casting, by the cost model, among the sides host memory allows (each with its upload ring, if any)
@@ -285,52 +356,149 @@ def make_plan(shape: ModelShape, seq: int, batch: int, hardware: HardwareProfile
     slots, pred = _choose_upload_slots(w, hw, opts, pred, reasons, alts)
     opts = replace(opts, upload_slots=slots)
 
-    # 7. speculation: it uses a host that would otherwise wait for backward; when the device *is* the
-    # host there is no idle processor, and the speculative pass plus the deferred commit cost cores
-    # that backward needs (docs/cost_model.md, planner step 9, has the measurement). Both give the same bits.
-    speculation = not hw.device_is_host
-    if not speculation:
-        reasons.append("Speculation: off: the device is the host, so there is no idle host to overlap "
-                       "with backward; validate-then-step is the same arithmetic with one pass fewer. To see "
-                       "it work anyway (same bits; commit and rollback counts in the record): "
-                       "`-o speculation=true` (bench run), `speculation: true` (engine config).")
-        on = pred
-        pred = predict("superoffload", w, hw, replace(opts, speculation=False))
-        alts["speculation"] = _alternative(False, pred, True, on,
-                                           "the device is the host: the cost model cannot see the cores the "
-                                           "speculative pass takes from backward, so it is not asked")
+    # 7. speculation, priced: it overlaps the host step with backward where the host worker has a processor of
+    # its own (a GPU's host; on a device that is the host, a core beside the compute threads, costmodel.host_share);
+    # where it has none, the speculative pass and the deferred commit only add host work to the step, and where
+    # the host binds validating first can be faster too. Both give the same bits; the predicted step decides
+    # (within SPECULATION_MIN_GAIN it speculates)
+    rollback, pred = _prefer_full_copy(w, hw, replace(opts, rollback_mode=rollback), pred, reasons, alts)
+    on = pred
+    off = predict("superoffload", w, hw, replace(opts, rollback_mode="deferred", speculation=False))
+    if hw.device_is_host:
+        # one memory system: the worker's passes share the bandwidth the compute uses, which the model does not
+        # charge, so a predicted tie goes to validate-first, one host pass per bucket instead of two
+        speculation = on.step_time_s <= off.step_time_s * (1 - SPECULATION_MIN_GAIN)
     else:
-        rollback, pred = _prefer_full_copy(w, hw, replace(opts, rollback_mode=rollback), pred, reasons, alts)
-        on = pred
-        off = predict("superoffload", w, hw, replace(opts, rollback_mode="deferred", speculation=False))
-        # speculation overlaps the host step with backward, but a deferred commit is a second host pass
-        # (and an upload ring leaves most buckets nothing to speculate): where the host binds, validating
-        # first can be faster. Both give the same bits; the predicted step decides (within
-        # SPECULATION_MIN_GAIN it speculates)
         speculation = off.step_time_s >= on.step_time_s * (1 - SPECULATION_MIN_GAIN)
-        if speculation:
-            alts["speculation"] = _alternative(True, on, False, off, "an idle host overlaps backward; validate-first "
-                                               f"only for a >= {SPECULATION_MIN_GAIN:.0%} faster step")
-        else:
-            pred = off
-            if rollback != "deferred":  # validate-first rolls nothing back: full_copy's 12 B/param buy nothing
-                rollback = "deferred"
-                alts["rollback_mode"] = _alternative("deferred", off, why="speculation is off: nothing to roll back")
-                reasons[:] = [r for r in reasons if not r.startswith("Rollback mode: 'full_copy' instead")]
-            alts["speculation"] = _alternative(False, off, True, on, "the host binds: the speculative pass and "
-                                               "the deferred commit cost more host time than the overlap saves")
-            reasons.append(f"Speculation: off: the host binds (predicted step {off.step_time_s * 1e3:.1f} ms "
-                           f"validating first vs {on.step_time_s * 1e3:.1f} ms speculating, same bits). To see it "
-                           "work anyway: `-o speculation=true` (bench run), `speculation: true` (engine config).")
+    shares = hw.device_is_host and not host_share(w, hw).own_core
+    if speculation:
+        alts["speculation"] = _alternative(True, on, False, off, "the host worker overlaps backward; " + (
+            f"speculating is >= {SPECULATION_MIN_GAIN:.0%} faster (on a device that is the host a tie validates first)"
+            if hw.device_is_host else f"validate-first only for a >= {SPECULATION_MIN_GAIN:.0%} faster step"))
+    else:
+        if rollback != "deferred":  # validate-first rolls nothing back: full_copy's 12 B/param buy nothing
+            rollback = "deferred"
+            reasons[:] = [r for r in reasons if not r.startswith("Rollback mode: 'full_copy' instead")]
+        # the bucket (and its tail) were priced speculating: price them again validating first
+        spoken: list[str] = []
+        bucket, tail, off = _refine_bucket(w, hw, replace(opts, rollback_mode="deferred", speculation=False), budget,
+                                           off, spoken, alts)
+        opts = replace(opts, bucket_size=bucket, device_tail_buckets=tail)
+        reasons[:] = [r + " (Priced again validating first, below.)" if r.startswith("Bucket priced") else r
+                      for r in reasons]
+        reasons.extend(r.replace("Bucket priced:", "Bucket priced validating first:", 1) for r in spoken)
+        pred = off
+        alts["rollback_mode"] = _alternative("deferred", off, why="speculation is off: nothing to roll back")
+        why = ("the host worker has no core beside the compute threads: the speculative pass and the deferred commit "
+               "only add to the step" if shares else
+               f"the device is the host and speculating is not >= {SPECULATION_MIN_GAIN:.0%} faster: validate-first "
+               "does one host pass per bucket instead of two on the memory the compute uses" if hw.device_is_host else
+               "the host binds: the speculative pass and the deferred commit cost more host time than the overlap "
+               "saves")
+        alts["speculation"] = _alternative(False, off, True, on, why)
+        reasons.append(f"Speculation: off: {why} (predicted step {off.step_time_s * 1e3:.1f} ms validating first vs "
+                       f"{on.step_time_s * 1e3:.1f} ms speculating, same bits). To see it work anyway (commit and "
+                       "rollback counts in the record): `-o speculation=true` (bench run), `speculation: true` "
+                       "(engine config).")
     _price_alternatives(w, hw, replace(opts, rollback_mode=rollback, speculation=speculation), pred, alts)
-    return Plan(model=shape.name, seq=seq, batch=batch, hardware=hw.name,
+    plan = Plan(model=shape.name, seq=seq, batch=batch, hardware=hw.name,
                 activation_checkpointing=activation_checkpointing, bucket_size=bucket,
                 device_tail_buckets=tail, grad_cast=cast, param_cast=cast, flow_layers=list(flow),
                 host_optimizer=kind, rollback_mode=rollback, speculation=speculation, hbm_budget_bytes=budget,
                 upload_slots=slots,
                 grad_accum=grad_accum, flow_prefetch=opts.flow_prefetch, predicted=pred, reasons=reasons,
                 chips=chips, ranks_per_node=ranks_per_node, sp=w.sp, offload_checkpoints=w.offload_checkpoints,
-                loss_tile=w.loss_tile, precision=precision, alternatives=alts)
+                loss_tile=w.loss_tile, precision=precision, alternatives=alts, cores_per_rank=cores_per_rank,
+                compute_threads=compute_threads, host_threads=host_threads)
+    plan.off = techniques_off(plan, hw, requested={"sp": sp, "offload_checkpoints": offload_checkpoints,
+                                                   "loss_tile": loss_tile, "host_optimizer": host_optimizer})
+    reasons.extend(f"Off: {o['technique']}: {o['reason']}. To turn it on: {o['force']}."
+                   for key, o in plan.off.items() if key != "speculation")  # speculation's own line says it
+    return plan
+
+
+def _ms(s: float | None) -> str:
+    return "not priced" if s is None else f"{s * 1e3:.1f} ms"
+
+
+def techniques_off(plan: Plan, hw: HardwareProfile,
+                   requested: Mapping[str, Any] | None = None) -> dict[str, dict[str, str]]:
+    """Every technique the plan turns off (or, for casting, the side it does not take): knob -> the technique's
+    name, the one-line reason, and how to force it on (`bench run -o`, the engine config, or the harness flag
+    for the model-side pieces). What the caller fixed (``requested``) is reported as requested."""
+    requested = requested or {}
+    alts = plan.alternatives
+    off: dict[str, dict[str, str]] = {}
+    pred = plan.predicted
+    hbm = (f" (device needs {_gb(pred.peak_hbm_bytes)} of {_gb(plan.hbm_budget_bytes)})" if pred is not None
+           else "")
+
+    def runner(key: str) -> str:
+        a = alts.get(key) or {}
+        if a.get("runner_up") is None:
+            return ""
+        return (f" (predicted step {_ms(a.get('step_s'))}; with {key}={_value(a['runner_up'])} "
+                f"{_ms(a.get('runner_up_step_s'))})")
+
+    if not plan.speculation:
+        off["speculation"] = {
+            "technique": "speculation-then-validation",
+            "reason": (alts.get("speculation") or {}).get("why", "off") + runner("speculation"),
+            "force": "`-o speculation=true` (bench run), `speculation: true` (engine config)"}
+    if plan.device_tail_buckets == 0:
+        off["device_tail_buckets"] = {
+            "technique": "bucketization repartitioning (device tail buckets)",
+            "reason": (alts.get("device_tail_buckets") or {}).get("why", "none chosen") + runner("device_tail_buckets"),
+            "force": "`-o device_tail_buckets=N` (bench run), `device_tail_buckets: N` (engine config): the last N "
+                     "buckets of backward step on the device"}
+    if not plan.flow_layers:
+        off["flow_layers"] = {
+            "technique": "adaptive weight offloading (weight flow)",
+            "reason": (alts.get("flow_layers") or {}).get("why", "every layer fits on the device") + hbm,
+            "force": "`-o flow_layers=[L,...]` (bench run), `flow_layers: [L, ...]` (engine config): those blocks' "
+                     "weights live on the host and are fetched ahead of use"}
+    if plan.precision == "fp32":
+        off["cast"] = {"technique": "Superchip-aware casting (grad_cast / param_cast)",
+                       "reason": "fp32 training: weights and gradients move as they are (4 B/param), nothing is cast",
+                       "force": "train in bf16 or fp16 (`--dtype bf16`), then `-o grad_cast=host -o param_cast=host` "
+                                "(or device)"}
+    else:
+        other = "host" if plan.grad_cast == "device" else "device"
+        off["cast"] = {"technique": f"casting on the {other}",
+                       "reason": f"casts on the {plan.grad_cast}: " + (alts.get("cast") or {}).get("why", "")
+                       + runner("cast"),
+                       "force": f"`-o grad_cast={other} -o param_cast={other}` (bench run), `grad_cast: {other}` and "
+                                f"`param_cast: {other}` (engine config)"}
+    if plan.host_optimizer != "grace" and "grace" in hw.host_adam_gbps:
+        off["host_optimizer"] = {
+            "technique": "GraceAdam (the fused host Adam kernel)",
+            "reason": f"{plan.host_optimizer} " + ("as requested" if requested.get("host_optimizer") else
+                                                   "is cheaper per parameter on this profile")
+                      + runner("host_optimizer"),
+            "force": "`-o host_optimizer=grace` (bench run), `host_optimizer: grace` (engine config)"}
+    # the model-side pieces of long sequences: the planner turns them on only where device memory needs them
+    fits = ("device memory fits without it" if plan.flow_layers == [] else
+            f"weight flow alone ({len(plan.flow_layers)} layers) fits device memory") + hbm
+    if plan.chips > 1 and plan.sp == 1:
+        off["sp"] = {"technique": "Ulysses sequence parallelism",
+                     "reason": "as requested" if requested.get("sp") is not None else fits,
+                     "force": "`bench run --sp K` (K divides the ranks and the heads), `make_plan(sp=K)`"}
+    if plan.activation_checkpointing and not plan.offload_checkpoints:
+        off["offload_checkpoints"] = {
+            "technique": "activation checkpoints in host memory",
+            "reason": "as requested" if requested.get("offload_checkpoints") is not None else fits,
+            "force": "`bench run --offload-checkpoints`, `make_plan(offload_checkpoints=True)`"}
+    if plan.loss_tile is None:
+        off["loss_tile"] = {"technique": "the tiled loss",
+                            "reason": "as requested" if requested.get("loss_tile") is not None else fits,
+                            "force": "`bench run --loss-tile T` (tokens per tile), `make_plan(loss_tile=T)`"}
+    return off
+
+
+def _value(v: Any) -> str:
+    if isinstance(v, bool):
+        return str(v).lower()
+    return f"{v:,}" if isinstance(v, int) else str(v)
 
 
 def _price_alternatives(w: Workload, hw: HardwareProfile, opts: Options, pred: Prediction,
@@ -889,10 +1057,12 @@ def _choose_tail(w: Workload, hw: HardwareProfile, opts: Options, budget: float,
     if hw.device_is_host:
         # one processor: a tail bucket moves work from a host step that overlaps backward (on the worker)
         # to a serial step after it, on the same cores; the cost model cannot see that contention
-        reasons.append("Device tail: 0 buckets: the device is the host itself, so a tail bucket only turns "
-                       "an overlapped host step into a serial one on the same cores.")
+        reasons.append("Device tail: 0 buckets: the device is the host itself, so a tail bucket only moves a "
+                       "host worker's step onto the training thread, on the same cores: never faster.")
         pred = predict("superoffload", w, hw, replace(opts, device_tail_buckets=0))
-        alts["device_tail_buckets"] = _alternative(0, pred, why="the device is the host: not priced")
+        alts["device_tail_buckets"] = _alternative(0, pred, why="the device is the host: a tail bucket's step moves "
+                                                   "from the host worker onto the training thread, on the same "
+                                                   "cores; not priced")
         return 0, pred
     # the engine's buckets (whole tensors, uneven), last first: as many as their state fits in HBM
     free = budget - _device_need(w, hw, opts)

@@ -38,6 +38,16 @@ PAPER_ONLY_SYSTEMS = ("ulysses",)
 # v, g: ~16 B/param more than one in-place pass, run during the next forward).
 ROLLBACK_SPEC_EXTRA = {"full_copy": 12.0, "deferred": 0.0}
 ROLLBACK_COMMIT_BYTES = {"full_copy": 0.0, "deferred": 16.0}
+# The engine runs torch's and DeepSpeed's CPU Adam kernels unfused (superoffload/engine/host_adam.py, read off
+# the code): every pass first copies the gradient into a scratch buffer (`grad.clone()`: the landing buffer
+# is never scaled in place; 4 B read + 4 written per param), a pass with an fp32 output copies the new
+# weights to it afterwards (`out.copy_(p)`, 8 B; a low-precision output is that copy as a cast, charged as
+# the separate host cast), and a speculative pass first copies p, m and v to scratch (or to the spare set;
+# 3 x 8 B). GraceAdam does all of it in its one pass. Charged as extra bytes of the step at the kernel's
+# effective rate, as the other extra host bytes are.
+UNFUSED_GRAD_COPY = 8.0
+UNFUSED_OUT_COPY = 8.0
+UNFUSED_SPEC_COPY = 24.0
 
 DEEPSPEED_REDUCE_BUCKET = 500_000_000  # DeepSpeed default reduce_bucket_size (elements)
 # torch DistributedDataParallel's default bucket_cap_mb = 25 (MiB of gradients per all-reduce bucket)
@@ -238,6 +248,11 @@ def _system_spec(system: str, opts: Options, total_params: int) -> SystemSpec:
         param_device_cast = opts.param_cast == "device"
         fused_return_cast = not param_device_cast and opts.host_optimizer == "grace"
         spec_extra = ROLLBACK_SPEC_EXTRA[opts.rollback_mode] if opts.speculation else 0.0
+        commit = ROLLBACK_COMMIT_BYTES[opts.rollback_mode] if opts.speculation else 0.0
+        if opts.host_optimizer != "grace":  # the unfused kernels' copies (UNFUSED_*, above)
+            out_copy = UNFUSED_OUT_COPY if (param_device_cast or opts.precision == "fp32") else 0.0
+            spec_extra += UNFUSED_GRAD_COPY + out_copy + (UNFUSED_SPEC_COPY if opts.speculation else 0.0)
+            commit += UNFUSED_GRAD_COPY if commit else 0.0
         return SystemSpec(
             name=system, bucket_size=opts.bucket_size, device_tail_buckets=opts.device_tail_buckets,
             host_optimizer=opts.host_optimizer,
@@ -247,7 +262,7 @@ def _system_spec(system: str, opts: Options, total_params: int) -> SystemSpec:
             # GraceAdam writes the bf16 upload copy in the same pass (+2 B) when parameters cast on the host
             spec_extra_bytes=spec_extra + (2.0 if fused_return_cast else 0.0),
             fused_cast_bytes=2.0 if fused_return_cast else 0.0,
-            commit_bytes=ROLLBACK_COMMIT_BYTES[opts.rollback_mode] if opts.speculation else 0.0,
+            commit_bytes=commit,
             return_bytes=4 if param_device_cast else 2, return_device_cast=param_device_cast,
             return_host_cast=not param_device_cast and not fused_return_cast,
             flow_layers=frozenset(opts.flow_layers), flow_prefetch=opts.flow_prefetch,

@@ -23,7 +23,9 @@ def test_compare_real_records():
     assert "within ±20%" in text and "gpt-tiny" in text
     # every record says how quiet the machine was; a flagged one is named under the table
     assert all("noise" in rec and isinstance(rec["noise"]["flags"], list) for rec in recs[:2])
-    noisy = [{**recs[0], "noise": {**recs[0]["noise"], "flags": ["loaded"]}}, recs[1]]
+    # (the second made quiet by hand: on a loaded machine the real run is flagged too)
+    noisy = [{**recs[0], "noise": {**recs[0]["noise"], "flags": ["loaded"]}},
+             {**recs[1], "noise": {**recs[1]["noise"], "flags": []}}]
     text = format_rows(compare(noisy, get_profile("cpu")), "cpu")
     assert "1 of the measurements come from runs flagged noisy" in text and "loaded" in text
 
@@ -50,3 +52,14 @@ def test_peer_records_take_precision_and_clipping_from_the_run():
     rec = {"system": "zero_offload", "run": {"dtype": "bf16", "grad_clip": 0.0, "grad_accum": 2}}
     opts = run_options(rec)
     assert (opts.precision, opts.clipping, opts.grad_accum) == ("bf16", False, 2)
+
+
+def test_a_multi_rank_record_is_predicted_with_its_ranks_and_host():
+    from superoffload.calibrate.accuracy import run_host
+
+    rec = {"world_size": 2, "placement": {"cores": [1], "bound": True}, "run": {"threads": 1},
+           "system_stats": {"config": {"host_threads": 1}}}
+    assert run_host(rec) == {"chips": 2, "cores_per_rank": 1.0, "compute_threads": 1, "host_threads": 1}
+    # unbound, the ranks share the cores the process could use; an old record says nothing: the defaults
+    assert run_host({"world_size": 2, "placement": {"cores": [0, 1], "bound": False}})["cores_per_rank"] == 1.0
+    assert run_host({}) == {"chips": 1}

@@ -103,3 +103,22 @@ def test_link_class_and_launcher_variables(monkeypatch) -> None:
     monkeypatch.setenv("MASTER_ADDR", "node0")
     monkeypatch.setenv("MASTER_PORT", "29500")
     assert coll.launched_rank() == (5, 8, 1)
+
+
+def test_collectives_are_measured_in_bf16_too_and_priced_by_their_dtype(measured) -> None:
+    """The engine reduces and gathers in the training precision with grad_cast: host; a backend sums bf16 at
+    another speed per byte (gloo slower), so the cost model prices a 2-byte collective on the bf16 curve."""
+    half = measured["dtypes"]["bf16"]
+    for kind in COLLECTIVES:
+        secs = half["seconds"][kind]
+        assert len(secs) == len(measured["sizes"]) and all(0 < s < 5.0 for s in secs)
+        assert secs[-1] > min(secs[:3]), (kind, secs)
+        assert half["latency_s"][kind] > 0 and half["gbps"][kind] > 0
+    prof = replace(get_profile("cpu"), collectives={"intra": measured})
+    n = measured["sizes"][2]
+    bf16 = half["seconds"]["reduce_scatter"][2]
+    assert prof.collective_seconds("reduce_scatter", n, 2, elem_bytes=2) == pytest.approx(bf16)
+    assert prof.collective_seconds("reduce_scatter", n, 2) == pytest.approx(measured["seconds"]["reduce_scatter"][2])
+    # a profile calibrated before bf16 was measured prices both on the fp32 curve
+    old = replace(prof, collectives={"intra": {k: v for k, v in measured.items() if k != "dtypes"}})
+    assert old.collective_seconds("all_gather", n, 2, elem_bytes=2) == old.collective_seconds("all_gather", n, 2)

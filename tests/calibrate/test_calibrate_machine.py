@@ -22,6 +22,19 @@ def test_calibrate_quick_on_this_machine(tmp_path) -> None:
     assert all(v > 0 for v in prof.host_adam_gbps.values())
     assert set(prof.host_adam_gbps) == {"torch", "cpuadam", "grace"}  # the engine's host_optimizer names
     assert prof.host_cast_gbps > 0 and prof.sync_latency_s > 0 and prof.host_cores >= 1
+    # what the rates stand for: the threads they were measured at, host Adam at the other counts this host has
+    import torch
+
+    from superoffload.planner.presets import usable_cpus
+
+    assert prof.compute_threads == prof.host_adam_threads == torch.get_num_threads()
+    counts = {int(t) for t in prof.host_adam_by_threads or {}}
+    assert counts == ({t for t in (1, 2, 4, 8, 16, 32, 64, 128) if t <= usable_cpus()} | {usable_cpus()}) - {
+        torch.get_num_threads()}
+    assert all(r["grace"] > 0 and r["torch"] > 0 for r in (prof.host_adam_by_threads or {}).values())
+    # --quick does not load DeepSpeed: its rate is derived from the measured GraceAdam, never above it
+    assert prof.host_adam_gbps["cpuadam"] < prof.host_adam_gbps["grace"]
+    assert any("while calibrating" in n for n in prof.notes)
     # the measured profile drives the planner
     plan = make_plan(get_shape("gpt-tiny"), 128, 2, get_profile(str(out)))
     assert plan.predicted is not None and plan.predicted.step_time_s > 0

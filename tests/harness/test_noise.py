@@ -60,3 +60,13 @@ def test_bench_compare_shows_spread_and_flags():
     assert flagged["flags"] == "spread,loaded" and flagged["p90_over_p10"] == 2.0
     table = format_table(rows, "torch")
     assert "p90_over_p10" in table and "1 of 2 runs flagged" in table and "spread,loaded" in table
+
+
+def test_a_sampler_can_count_the_children_it_waited_for_as_its_own(monkeypatch) -> None:
+    """calibrate's ranks and system timings are subprocesses: their CPU time is calibrate's, not other load."""
+    import collections
+
+    times = collections.namedtuple("times", "user system children_user children_system elapsed")
+    monkeypatch.setattr(noise.os, "times", lambda: times(1.0, 0.5, 3.0, 1.0, 0.0))
+    assert noise._own_cpu_s() == 1.5 and noise._own_cpu_s(True) == 5.5
+    assert noise.NoiseSampler(children=True)._own() == 5.5 and noise.NoiseSampler()._own() == 1.5

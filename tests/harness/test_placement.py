@@ -116,3 +116,15 @@ def test_bind_this_rank_binds_every_thread_of_the_process() -> None:
     assert got["main"] == expect and got["thread"] == expect
     assert got["placement"]["host_threads"] == max(1, len(expect) - 1)
     assert pl.Placement(**got["placement"]).engine_config() == {"host_threads": max(1, len(expect) - 1)}
+
+
+def test_the_host_a_rank_plans_for_is_the_one_bench_run_gives_it() -> None:
+    # bound: a rank's slice; the host optimizer gets the slice minus one core (at least one)
+    assert pl.rank_host(8, 2, True, 1, None) == pl.RankHost(4.0, 1, 3)
+    assert pl.rank_host(2, 2, True, 1, None) == pl.RankHost(1.0, 1, 1)
+    assert pl.rank_host(8, 2, True, 2, 2).host_threads == 2  # set explicitly: kept
+    # unbound: the ranks share every CPU, a fair share each; the host threads are the run's
+    assert pl.rank_host(2, 2, False, 1, 1) == pl.RankHost(1.0, 1, 1)
+    assert pl.rank_host(3, 2, False, 1, None) == pl.RankHost(1.5, 1, None)
+    assert pl.rank_host(2, 1, False, 4, 4).plan_kwargs() == {"cores_per_rank": 2.0, "compute_threads": 4,
+                                                             "host_threads": 4}

@@ -30,10 +30,21 @@ def test_plan_is_consumed_and_recorded():
     assert st["bucket_size"] == plan["bucket_size"]
     assert st["config"]["host_optimizer"] == plan["host_optimizer"]
     assert st["buckets_device"] == min(plan["device_tail_buckets"], st["buckets_device"] + st["buckets_host"])
-    # CPU-only: the planner turns speculation off (no idle host to overlap with)
-    assert plan["speculation"] is False and rec["rollbacks"]["validate_first"] == 4
+    # the engine runs the plan's speculation choice (priced on this machine's cores; it may go either way)
+    if plan["speculation"]:
+        assert rec["rollbacks"]["speculated"] == 4 and "speculation" not in plan["off"]
+    else:
+        assert rec["rollbacks"]["validate_first"] == 4
+        assert "-o speculation=true" in plan["off"]["speculation"]["force"]
+    # the record says why every technique is off and how to force it on, and the host the plan was made for
+    assert {"device_tail_buckets", "flow_layers", "cast"} <= set(plan["off"])
+    assert any(r.startswith("Off: bucketization repartitioning") and "device_tail_buckets=N" in r
+               for r in plan["reasons"])
+    assert plan["compute_threads"] == 1 and plan["cores_per_rank"] >= 1
     rec = _run(system_options={"speculation": True})
     assert rec["rollbacks"]["steps"] == 4 and rec["rollbacks"]["speculated"] == 4
+    rec = _run(system_options={"speculation": False})
+    assert rec["rollbacks"]["validate_first"] == 4
 
 
 def test_options_override_the_plan():

@@ -35,7 +35,7 @@ def reference(tmp_path_factory):
 
 @pytest.mark.parametrize("speculate", [False, True], ids=["planned", "speculating"])
 def test_the_trainer_trains_as_with_adamw_torch(tmp_path, reference, speculate):
-    """max_grad_norm clips some of the steps; with speculation on (the CPU plan turns it
+    """max_grad_norm clips some of the steps; with speculation forced on (the CPU plan may turn it
     off) the engine still overlaps under clipping, exactly."""
     ref = reference
     so = run(SuperOffloadTrainer, tmp_path / "so", config={"speculation": True, "speculation_policy": {

@@ -301,7 +301,7 @@ def test_the_plan_fills_what_was_not_given():
     opt.step()
     assert opt.plan is not None and (opt.plan.seq, opt.plan.batch) == (16, 2)
     assert opt.engine.config.bucket_size == 20_000  # given: kept
-    assert opt.engine.config.speculation is opt.plan.speculation  # the CPU plan turns it off
+    assert opt.engine.config.speculation is opt.plan.speculation  # whichever way the CPU plan priced it
     assert "given: bucket_size" in opt.plan_notes[0]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import statistics
 import subprocess
 import sys
 
@@ -98,3 +99,45 @@ def test_grid_and_rank_correlation() -> None:
     assert mod.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
     assert mod.spearman([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(0.9486832980505138)  # ties: mean ranks
     assert mod.spearman([1, 2], [1, 2]) is None and mod.spearman([1, 1, 1], [1, 2, 3]) is None
+
+
+def test_paired_statistics_separate_a_planner_miss_from_best_of_noise() -> None:
+    mod = _load()
+
+    def cfg(label: str, tps: list[float]) -> dict:
+        return {"label": label, "options": {}, "predicted_step_s": 0.01, "tokens_per_s": tps, "errors": []}
+
+    # one-bucket beats the plan in every repeat by 10 %, but the repeats drift by more: its slowest repeat (99)
+    # does not beat the plan's fastest (110), so not "clearly"; the paired statistics see it
+    miss = {"configs": [cfg("planned", [100.0, 90.0, 110.0]), cfg("bucket/4", [95.0, 85.0, 100.0]),
+                        cfg("one-bucket", [112.0, 99.0, 121.0])]}
+    mod.summarize_point(miss)
+    assert miss["best_label"] == "one-bucket" and miss["best_clearly_faster"] is False
+    assert miss["best_paired_ratio"] == pytest.approx(1 / statistics.median([1.12, 1.1, 1.1]))
+    assert miss["configs"][2]["wins_over_planned"] == [3, 3] and miss["best_sign_p"] == pytest.approx(0.125)
+    assert miss["planned_over_best"] == pytest.approx(100 / 112)
+    # within noise: the best won one repeat of three
+    noise = {"configs": [cfg("planned", [100.0, 100.0, 100.0]), cfg("bucket*2", [104.0, 97.0, 99.0])]}
+    mod.summarize_point(noise)
+    assert noise["best_label"] == "planned" and noise["best_paired_ratio"] == 1.0 and noise["best_sign_p"] is None
+    clear = {"configs": [cfg("planned", [80.0, 82.0]), cfg("bucket*2", [100.0, 101.0])]}
+    mod.summarize_point(clear)
+    assert clear["best_clearly_faster"] and clear["best_sign_p"] == pytest.approx(0.25)
+    for p, pid in ((miss, "a"), (noise, "b"), (clear, "c")):
+        p.update(id=pid, planned_over_peers={})
+    s = mod.summary([miss, noise, clear])
+    assert s["points_meeting_goal"] == 1 and s["points_clearly_beaten"] == 1 and s["points_missed"] == 1
+    assert mod.sign_test_p(4, 4) == pytest.approx(1 / 16) and mod.sign_test_p(0, 3) == 1.0
+
+
+def test_points_are_planned_for_the_host_their_runs_have() -> None:
+    mod = _load()
+    args = mod.parse_args(["--out", "x.json", "--threads", "1", "--bind-cores"])
+    from superoffload.planner.presets import usable_cpus
+
+    two = mod.point_host(args, 2)
+    assert two.compute_threads == 1 and two.cores_per_rank == max(1, usable_cpus() // 2)
+    # bound, the engine's host threads are the slice's cores minus one (at least one), unless --threads sets them
+    assert two.host_threads == 1
+    one = mod.point_host(args, 1)
+    assert one.cores_per_rank == usable_cpus()  # one rank is not bound (bench run binds only several)

@@ -328,6 +328,12 @@ NIGHTLY_REFERENCE = str(WF / "benchmarks" / "reference" / f"nightly-{HW_KEY}.jso
 NIGHTLY_CASES = {f"{c['system']}_{c['model']}_s{c['seq']}_b{c['batch']}": c for c in config["nightly"]["cases"]}
 NIGHTLY_RECORDS = [f"{NIGHTLY_DIR}/{case}/rep{i}.json" for case in NIGHTLY_CASES
                    for i in range(config["nightly"]["repeats"])]
+# the planner regression case (docs/nightly.md): one plan_optimality result, whose points are the cases
+NIGHTLY_PO = config["nightly"].get("plan_optimality")
+NIGHTLY_PO_FILE = f"{NIGHTLY_DIR}/plan_optimality/rep0.json"
+NIGHTLY_PO_PROGRESS = f"{NIGHTLY_DIR}/plan_optimality/progress.json"  # not rep*.json: `nightly record` reads those
+if NIGHTLY_PO:
+    NIGHTLY_RECORDS.append(NIGHTLY_PO_FILE)
 
 
 wildcard_constraints:

@@ -76,6 +76,40 @@ rule nightly_run:
         "{params.cmd} > {log:q} 2>&1"
 
 
+def nightly_plan_optimality_cmd():
+    """The plan against a small grid around it, interleaved, `repeats` times (paired by repeat), at the nightly's
+    dtype, steps and threads; unbound, as the other cases run."""
+    po, ny = NIGHTLY_PO, NY
+    cmd = [PY, str(WF / "benchmarks" / "plan_optimality.py"), "--out", NIGHTLY_PO_PROGRESS,
+           "--hardware", po["hardware"], "--workloads", ",".join(po["workloads"]),
+           "--world", ",".join(map(str, po["world"])), "--dtype", ny["dtype"], "--grid", po["grid"],
+           "--repeats", str(po["repeats"]), "--steps", str(ny["steps"]), "--warmup", str(ny["warmup"]),
+           "--threads", str(ny["threads"] or 0), "--run-timeout", str(config["run_timeout_s"])]
+    return shlex.join(cmd)
+
+
+ruleorder: nightly_plan_optimality > nightly_run  # its file is <case>/rep0.json too
+
+
+rule nightly_plan_optimality:
+    """The planner regression case: its points' planned / best tokens/s go to the history like every metric."""
+    output:
+        NIGHTLY_PO_FILE,
+    log:
+        f"{NIGHTLY_DIR}/logs/plan_optimality.log",
+    benchmark:
+        f"{NIGHTLY_DIR}/benchmarks/plan_optimality.tsv"
+    threads: EXCLUSIVE
+    resources:
+        gpu=1,
+    params:
+        cmd=lambda wc: nightly_plan_optimality_cmd(),
+        progress=NIGHTLY_PO_PROGRESS,
+    shell:
+        # the script rewrites its progress file after every run; the case's file appears once it is done
+        "{params.cmd} > {log:q} 2>&1 && mv {params.progress:q} {output:q}"
+
+
 rule nightly_check:
     """Record the night's raw values in the history, judge them; exit 1 on a regression only."""
     input:

@@ -61,12 +61,28 @@ def plan_for(shape: ModelShape, run: RunConfig):
     hw = get_profile(run.system_options.get("hardware") or hardware_for_device(run.device))
     # the plan is made for what runs: the run's SP degree, checkpoint offload and loss tile exactly as the
     # run sets them (the planner may not turn on a piece the harness would not apply; a request that needs
-    # one is PlanInfeasible, whose message names --sp / --offload-checkpoints / --loss-tile)
+    # one is PlanInfeasible, whose message names --sp / --offload-checkpoints / --loss-tile), and the host this
+    # rank has: its cores (a --bind-cores slice, or a share of the host), torch's threads, the engine's
+    # host_threads (placement.rank_host)
     return make_plan(shape, run.seq, run.batch, hw,
                      activation_checkpointing=bool(run.activation_checkpointing or run.offload_checkpoints),
                      grad_accum=run.grad_accum, chips=max(1, run.world_size), sp=run.sp,
                      offload_checkpoints=bool(run.offload_checkpoints), loss_tile=run.loss_tile or 0,
-                     precision=run.dtype)
+                     precision=run.dtype, **run_host(run).plan_kwargs())
+
+
+def run_host(run: RunConfig):
+    """This rank's host as the planner sees it (placement.rank_host), from the process as the runner set it up:
+    bound, its affinity is its slice; unbound, it shares the CPUs with the host's other ranks."""
+    import os
+
+    from superoffload.harness import placement
+    from superoffload.planner.presets import usable_cpus
+
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    available = usable_cpus() * (local_world if run.bind_cores else 1)  # bound: the slice is the affinity now
+    host_threads = run.host_threads if run.host_threads is not None else run.threads
+    return placement.rank_host(available, local_world, run.bind_cores, torch.get_num_threads(), host_threads)
 
 
 def _cast_policy(run: RunConfig) -> dict[str, str]:
