@@ -23,10 +23,9 @@ import signal
 import subprocess
 import sys
 
-from superoffload.harness.models import MODELS
 from superoffload.harness.system import RunConfig
 from superoffload.harness.systems import SYSTEMS
-from superoffload.shapes import ModelShape
+from superoffload.shapes import MODELS, ModelShape
 
 GiB = 2**30
 FP32_TRAINING_BYTES = 16  # per parameter: fp32 weights, gradients, Adam m and v

@@ -7,7 +7,7 @@
   copy comes from these values; the device copy is cast to the training precision). Nothing is
   downloaded: a hub id such as ``meta-llama/Llama-3.1-8B`` that is not a local directory is an error;
 - a directory written by a previous ``finetune`` of a zoo GPT (``config.json`` with ``superoffload_zoo``);
-- a zoo name (``superoffload.harness.models``, e.g. ``gpt-tiny``, ``llama-tiny``), built from its config
+- a zoo name (``superoffload.models``, e.g. ``gpt-tiny``, ``llama-tiny``), built from its config
   with seeded initial weights.
 
 The planner and the FLOPs accounting need a ``ModelShape``: zoo models have one; for a Hugging Face
@@ -28,7 +28,7 @@ import torch.nn as nn
 
 from superoffload.finetune.errors import FinetuneInputError
 from superoffload.finetune.tokenizer import ByteTokenizer, TextTokenizer, load_tokenizer
-from superoffload.harness.models import MODELS, build_model, count_params
+from superoffload.models import MODELS, build_model, count_params
 from superoffload.shapes import ModelShape, shape_from_hf
 
 ZOO_MARKER = "superoffload_zoo"
@@ -121,7 +121,7 @@ def save_zoo_config(directory: Path, shape: ModelShape, dtype: str) -> None:
 def _build_zoo(shape: ModelShape, seed: int, activation_checkpointing: bool) -> tuple[nn.Module, str]:
     model = build_model(shape, seq=shape.max_seq, seed=seed, activation_checkpointing=activation_checkpointing)
     if shape.family == "hf":
-        return model.model, "hf"  # the transformers model inside the harness adapter
+        return model.model, "hf"  # the transformers model inside the zoo adapter
     return model, "gpt"
 
 

@@ -43,9 +43,9 @@ from superoffload.finetune.progress import Progress
 from superoffload.finetune.runrecord import finish_record, new_record, resolve_peak
 from superoffload.finetune.schedule import WarmupCosine, make_scheduler, warmup_steps
 from superoffload.finetune.stop import EXIT_PREEMPTED, StopRequest
-from superoffload.harness.models import MODELS
 from superoffload.harness.system import RunConfig
 from superoffload.options import torch_dtype
+from superoffload.shapes import MODELS
 
 DEFAULT_MAX_LENGTH = 2048
 DTYPES = ("fp32", "bf16", "fp16")
