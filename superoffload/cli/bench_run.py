@@ -23,6 +23,7 @@ import signal
 import subprocess
 import sys
 
+from superoffload.harness.arguments import key_value
 from superoffload.harness.system import RunConfig
 from superoffload.harness.systems import SYSTEMS
 from superoffload.shapes import MODELS, ModelShape
@@ -68,14 +69,7 @@ def _positive_float(s: str) -> float:
     return v
 
 
-def _option(s: str) -> tuple[str, object]:
-    key, sep, value = s.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {s!r}")
-    try:
-        return key, json.loads(value)
-    except json.JSONDecodeError:
-        return key, value
+_option = key_value  # the old name, which scripts outside the package still import
 
 
 def add_cli(sub: argparse._SubParsersAction) -> None:
@@ -116,7 +110,7 @@ def add_cli(sub: argparse._SubParsersAction) -> None:
                    help="tokenized corpus file (flat uint16/uint32 token ids) instead of synthetic data")
     p.add_argument("--data-dtype", choices=["uint16", "uint32"], default="uint16",
                    help="token id type of --data (default uint16)")
-    p.add_argument("--option", "-o", type=_option, action="append", default=[], metavar="KEY=VALUE",
+    p.add_argument("--option", "-o", type=key_value, action="append", default=[], metavar="KEY=VALUE",
                    help="system-specific option (JSON value), repeatable, e.g. -o bucket_size=4096")
     p.add_argument("--nproc", type=int, default=None, metavar="N",
                    help="train on N ranks of this host: launches torchrun --standalone --nproc_per_node N with "
