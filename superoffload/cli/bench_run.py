@@ -313,8 +313,7 @@ RANK_OF_LAUNCHER_ENV = "SUPEROFFLOAD_BENCH_RANK"  # set for the ranks `bench run
 
 def launch_ranks(args: argparse.Namespace, run: RunConfig) -> int:
     """Run the ranks under torchrun, pass their output through, and leave a record at --out."""
-    from superoffload.harness.record import write_record
-    from superoffload.harness.runner import error_record
+    from superoffload.harness.record import error_record, write_record
 
     out = os.fspath(args.out)
     if os.path.exists(out):

@@ -40,9 +40,11 @@ from superoffload.finetune.data import IGNORE, Rows, TrainData, check_data_path,
 from superoffload.finetune.errors import FinetuneInputError
 from superoffload.finetune.model import LoadedModel, load_model, restore_buffer_dtypes, snapshot_buffers
 from superoffload.finetune.progress import Progress
-from superoffload.finetune.runrecord import finish_record, new_record, resolve_peak
+from superoffload.finetune.runrecord import finish_record
 from superoffload.finetune.schedule import WarmupCosine, make_scheduler, warmup_steps
 from superoffload.finetune.stop import EXIT_PREEMPTED, StopRequest
+from superoffload.harness.peak import resolve_peak
+from superoffload.harness.record import new_record
 from superoffload.harness.system import RunConfig
 from superoffload.options import torch_dtype
 from superoffload.shapes import MODELS
@@ -389,7 +391,7 @@ def train(prep: Prepared, *, stdout: TextIO | None = None, stderr: TextIO | None
     del buffers
     device = engine.backend
     dtype = torch_dtype(eng_cfg.precision)
-    rec = new_record(run, loaded.shape, loaded.params, prep.rank, device.name())
+    rec = new_record(run, loaded.shape, params=loaded.params, rank=prep.rank, device_name=device.name())
     schedule = WarmupCosine(total=c.steps, warmup=prep.warmup, floor=c.min_lr_ratio)
     sched = make_scheduler(engine.optimizer, schedule)
     losses: list[float | None] = []  # None: no learned token in the step; NaN: the loss was not finite
