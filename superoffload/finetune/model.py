@@ -29,11 +29,11 @@ import torch.nn as nn
 from superoffload.finetune.errors import FinetuneInputError
 from superoffload.finetune.tokenizer import ByteTokenizer, TextTokenizer, load_tokenizer
 from superoffload.models import MODELS, build_model, count_params
+from superoffload.options import precision_of
 from superoffload.shapes import ModelShape, shape_from_hf
 
 ZOO_MARKER = "superoffload_zoo"
 ZOO_WEIGHTS = "model.safetensors"
-DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 @dataclass
@@ -61,9 +61,15 @@ class LoadedModel:
 
 
 def _torch_dtype_name(value: Any) -> str | None:
+    """The precision name of a config's torch dtype (or its name, e.g. "bfloat16"); None for any other."""
     if isinstance(value, str):
         value = getattr(torch, value, None)
-    return DTYPE_NAMES.get(value)
+    if not isinstance(value, torch.dtype):
+        return None
+    try:
+        return precision_of(value)
+    except ValueError:
+        return None
 
 
 def enable_hf_checkpointing(module: nn.Module) -> None:

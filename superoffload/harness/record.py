@@ -190,7 +190,7 @@ def run_block(run: RunConfig, rank: int) -> dict[str, Any]:
     """The record's ``run``: the RunConfig under the record's key names plus what follows from it. ``seq`` is
     the global sequence length (``global_seq``, the same number, says so explicitly); ``local_seq`` is what
     one rank holds."""
-    return {**run.to_dict(), "global_batch": run.global_batch, "tokens_per_step": run.tokens_per_step,
+    return {**run.record_dict(), "global_batch": run.global_batch, "tokens_per_step": run.tokens_per_step,
             "global_seq": run.seq, "local_seq": run.local_seq, "dp": run.dp, "rank": rank}
 
 

@@ -39,20 +39,18 @@ from superoffload.harness.noise import NoiseSampler
 from superoffload.harness.system import RunConfig
 from superoffload.harness.systems import SYSTEMS, check_system, create_system
 from superoffload.harness.telemetry import Telemetry
+from superoffload.options import PRECISIONS, torch_dtype
 from superoffload.shapes import ModelShape
 
 log = logging.getLogger(__name__)
-
-DTYPES = ("fp32", "bf16", "fp16")
-
 
 def validate_run(run: RunConfig) -> ModelShape:
     """Check a RunConfig; raise ValueError saying what to change. Returns the model shape."""
     check_system(run.system)
     _validate_system(run)
     shape = get_shape(run.model)
-    if run.dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {DTYPES}, got {run.dtype!r}")
+    if run.precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {run.precision!r}")
     for name in ("seq", "batch", "grad_accum", "steps", "world_size"):
         if getattr(run, name) < 1:
             raise ValueError(f"{name} must be >= 1, got {getattr(run, name)}")
@@ -193,7 +191,7 @@ def run_benchmark(run: RunConfig, progress: Callable[[int, int, float], None] | 
     device = get_device(run.device)
     if world > 1:
         _init_distributed(device.type)
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[run.dtype]
+    dtype = torch_dtype(run.precision)
     rec = record.new_record(run, shape, params=shape.total_params(), rank=rank, device_name=device.name())
     rec["placement"] = where
     telemetry = Telemetry(run.telemetry_interval_s, want_gpu=device.is_cuda)

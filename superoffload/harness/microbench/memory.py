@@ -70,7 +70,7 @@ def measure(model: str, seq: int, batch: int, *, device: str = "sim", dtype: str
 
     shape = get_shape(model)
     run = RunConfig(system="superoffload", model=model, seq=seq, batch=batch, grad_accum=grad_accum,
-                    dtype=dtype, device=device, activation_checkpointing=checkpointing,
+                    precision=dtype, device=device, activation_checkpointing=checkpointing,
                     system_options=dict(options or {}))
     plan = plan_for(shape, run)
     cfg = engine_config(run, plan)
