@@ -84,7 +84,7 @@ def build_config(run: RunConfig, zero: dict[str, Any], world_size: int) -> dict[
                       "params": {"lr": run.lr, "betas": list(run.betas), "eps": run.eps,
                                  "weight_decay": run.weight_decay}},
         "zero_optimization": zero,
-        **precision_section(run.dtype),
+        **precision_section(run.precision),
         "zero_allow_untested_optimizer": False,
         "zero_force_ds_cpu_optimizer": True,
         "steps_per_print": 1 << 30,  # silence DeepSpeed's periodic logging inside timed steps
@@ -206,7 +206,7 @@ class DeepSpeedSystem:
             "world_size": torch.distributed.get_world_size(),
             "backend": self.backend,
         }
-        if self.run.dtype == "fp16" and engine is not None:
+        if self.run.precision == "fp16" and engine is not None:
             with contextlib.suppress(Exception):
                 out["loss_scale"] = float(engine.optimizer.cur_scale)
         return out

@@ -44,7 +44,7 @@ class FSDPOffloadSystem:
 
     @classmethod
     def validate(cls, run: RunConfig) -> dict[str, Any]:
-        if run.dtype == "fp16":
+        if run.precision == "fp16":
             raise ValueError("fsdp_offload does not support fp16: FSDP2 has no loss scaler and unscaled "
                              "fp16 gradients underflow; use --dtype bf16 or fp32")
         return parse_options(cls.name, run.system_options, cls.OPTIONS)
@@ -61,8 +61,8 @@ class FSDPOffloadSystem:
         self.mesh = init_device_mesh(self.device.type, (world,))
         self.pin = torch.cuda.is_available()
         offload = CPUOffloadPolicy(pin_memory=self.pin)
-        mp = MixedPrecisionPolicy() if run.dtype == "fp32" else \
-            MixedPrecisionPolicy(param_dtype=torch_dtype(run.dtype), reduce_dtype=torch.float32)
+        mp = MixedPrecisionPolicy() if run.precision == "fp32" else \
+            MixedPrecisionPolicy(param_dtype=torch_dtype(run.precision), reduce_dtype=torch.float32)
         reshard = options.get("reshard_after_forward", True)
         kw = {"mesh": self.mesh, "offload_policy": offload, "mp_policy": mp}
         for block in transformer_blocks(model):
@@ -78,8 +78,8 @@ class FSDPOffloadSystem:
         self.grad_norms: list[float] = []
         self.config = {"fully_shard": "per block + root", "blocks": len(transformer_blocks(model)),
                        "mesh": [world], "offload_policy": f"CPUOffloadPolicy(pin_memory={self.pin})",
-                       "mp_policy": {"param_dtype": run.dtype if run.dtype != "fp32" else None,
-                                     "reduce_dtype": "fp32" if run.dtype != "fp32" else None},
+                       "mp_policy": {"param_dtype": run.precision if run.precision != "fp32" else None,
+                                     "reduce_dtype": "fp32" if run.precision != "fp32" else None},
                        "reshard_after_forward": reshard, "optimizer": "torch.optim.AdamW(fused=True)",
                        "grad_clip": run.grad_clip, "clip_impl": "baselines._clip (all-reduce of local norm²)"}
 

@@ -1,16 +1,17 @@
 """Load a results folder (``results/<sweep>/``) into plain Python data, tolerating every missing or
-malformed file: a report must render from whatever is there."""
+malformed file: a report must render from whatever is there. Run records are read by
+superoffload.harness.record (``load_records``, ``sp_of``, ``world_of``, ``precision_of``)."""
 
 from __future__ import annotations
 
 import json
 import math
-import re
 from pathlib import Path
 from statistics import median
 from typing import Any
 
-from superoffload.harness.record import ResultFileError, parse_result
+from superoffload.harness import record
+from superoffload.harness.record import ResultFileError, parse_result, sp_of, world_of
 from superoffload.planner.explain import format_ranges
 
 STATUSES = ("ok", "oom", "error")
@@ -53,41 +54,9 @@ def read_json(path: Path) -> tuple[Any, str | None]:
         return None, f"unreadable: {type(e).__name__}: {e}"
 
 
-def is_record(obj: Any) -> bool:
-    return isinstance(obj, dict) and obj.get("schema_version") == 1 and "system" in obj and "status" in obj
-
-
-RECORD_NAME = re.compile(r"^(?P<model>.+?)_s(?P<seq>\d+)_b(?P<batch>\d+)(?:_sp(?P<sp>\d+))?$")
-
-
-def _bad_record(path: Path, problem: str) -> dict[str, Any]:
-    """A stand-in for a file that is not a readable run record: it shows up as an error row, with the model,
-    sequence, batch and SP degree its name says (``<model>_s<seq>_b<batch>[_sp<K>].json``)."""
-    m = RECORD_NAME.match(path.stem)
-    run = {"seq": int(m["seq"]), "batch": int(m["batch"]), "sp": int(m["sp"] or 1)} if m else {}
-    return {
-        "schema_version": 1,
-        "status": "error",
-        "system": path.parent.name,
-        "model": {"name": m["model"] if m else path.stem.split("_s")[0], "params": 0},
-        "run": run,
-        "error": f"{path.name}: {problem}",
-        "_path": str(path),
-    }
-
-
 def load_records(folder: Path) -> list[dict[str, Any]]:
-    recs = []
-    for path in sorted(Path(folder).rglob("*.json")) if Path(folder).is_dir() else []:
-        if path.name.startswith("."):
-            continue
-        obj, problem = read_json(path)
-        if problem is None and not is_record(obj):
-            problem = "not a run record (schema_version 1)"
-        rec = obj if problem is None else _bad_record(path, problem)
-        rec["_path"] = str(path)
-        recs.append(rec)
-    return recs
+    """Every run record under ``folder``; a file that is not one stands in as an error row."""
+    return record.load_records(folder, keep_broken=True)
 
 
 def load_optional(path: Path) -> dict[str, Any]:
@@ -172,17 +141,6 @@ def first_line(s: Any, limit: int = 160) -> str:
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
-def sp_of(rec: dict[str, Any]) -> int:
-    """Ulysses degree of a record: ``run.sp`` (a record without it ran with 1); a stand-in for a broken file
-    named ``..._sp<K>.json`` takes K from the name."""
-    sp = (rec.get("run") or {}).get("sp")
-    if isinstance(sp, int) and not isinstance(sp, bool) and sp >= 1:
-        return sp
-    stem = Path(rec.get("_path", "")).stem
-    tail = stem.rsplit("_sp", 1)[-1] if "_sp" in stem else ""
-    return int(tail) if tail.isdigit() and int(tail) >= 1 else 1
-
-
 def record_row(rec: dict[str, Any]) -> dict[str, Any]:
     """One summary-table row; numbers are None where the record has none (oom / error). ``seq`` is the global
     sequence length; under sequence parallelism (``sp`` > 1) each rank held ``seq / sp`` tokens of it."""
@@ -197,7 +155,7 @@ def record_row(rec: dict[str, Any]) -> dict[str, Any]:
         "sp": sp,
         "local_seq": run.get("local_seq", run["seq"] // sp if isinstance(run.get("seq"), int) else None),
         "batch": run.get("global_batch", run.get("batch")),
-        "dtype": run.get("dtype"),
+        "dtype": record.precision_of(rec),
         "status": rec.get("status", "error") if rec.get("status") in STATUSES else "error",
         "tokens_per_s": num(_get(rec, "throughput", "tokens_per_s")),
         "tflops": num(_get(rec, "throughput", "model_tflops")),
@@ -217,18 +175,6 @@ def record_row(rec: dict[str, Any]) -> dict[str, Any]:
         "error": first_line(rec.get("error")) if rec.get("status") != "ok" else "",
         "path": rec.get("_path", ""),
     }
-
-
-def world_of(rec: dict[str, Any]) -> int:
-    """Ranks of a record: its world_size (a record without one ran on one rank); a stand-in for a broken
-    file under runs_w<N>/ takes N from the folder name."""
-    w = rec.get("world_size")
-    if isinstance(w, int) and w >= 1:
-        return w
-    folder = Path(rec.get("_path", "")).parent.parent.name
-    if folder.startswith("runs_w") and folder[6:].isdigit():
-        return int(folder[6:])
-    return 1
 
 
 def multi_rank_rows(records: list[dict[str, Any]], single: list[dict[str, Any]]) -> list[dict[str, Any]]:

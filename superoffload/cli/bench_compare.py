@@ -1,10 +1,11 @@
 """`superoffload bench compare RESULTS_DIR`: one table over the records in a folder.
 
-Records compare with the baseline of the same (model, seq, global batch, dtype, world size, SP degree):
+Records compare with the baseline of the same (model, seq, global batch, precision, world size, SP degree):
 tokens/s, TFLOPS and MFU are per device; a multi-rank record also shows its aggregate tokens/s (a record
 without `world_size` ran on one rank, one without `run.sp` with SP 1). Under sequence parallelism `seq` is
 the global sequence length and tokens/s count the tokens each device processed (seq / sp of every
-sequence); MFU counts attention over the global sequence."""
+sequence); MFU counts attention over the global sequence. Records are read by superoffload.harness.record
+(the precision column is the record's ``run.dtype``)."""
 
 from __future__ import annotations
 
@@ -15,35 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from superoffload.harness.noise import OTHERS_BOUND, SPREAD_BOUND, flags_of
-
-
-def load_records(folder: str | Path) -> list[dict[str, Any]]:
-    recs = []
-    for path in sorted(Path(folder).rglob("*.json")):
-        try:
-            rec = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
-        if isinstance(rec, dict) and rec.get("schema_version") == 1 and "system" in rec:
-            rec["_path"] = str(path)
-            recs.append(rec)
-    return recs
-
-
-def world_size(rec: dict[str, Any]) -> int:
-    w = rec.get("world_size", 1)
-    return w if isinstance(w, int) and w >= 1 else 1
-
-
-def sp_of(rec: dict[str, Any]) -> int:
-    """Ulysses degree of a record (1 for records written before `run.sp` existed)."""
-    sp = (rec.get("run") or {}).get("sp", 1)
-    return sp if isinstance(sp, int) and sp >= 1 else 1
+from superoffload.harness.record import load_records, precision_of, sp_of, world_of
 
 
 def config_key(rec: dict[str, Any]) -> tuple:
     r = rec["run"]
-    return (rec["model"]["name"], r["seq"], r["global_batch"], r["dtype"], world_size(rec), sp_of(rec))
+    return (rec["model"]["name"], r["seq"], r["global_batch"], precision_of(rec), world_of(rec), sp_of(rec))
 
 
 def compare_rows(recs: list[dict[str, Any]], baseline: str) -> list[dict[str, Any]]:
@@ -57,7 +35,7 @@ def compare_rows(recs: list[dict[str, Any]], baseline: str) -> list[dict[str, An
         b = base_tps.get(config_key(r))
         rows.append({
             "system": r["system"], "model": r["model"]["name"], "seq": r["run"]["seq"],
-            "batch": r["run"]["global_batch"], "dtype": r["run"]["dtype"], "world": world_size(r), "sp": sp_of(r),
+            "batch": r["run"]["global_batch"], "dtype": precision_of(r), "world": world_of(r), "sp": sp_of(r),
             "status": r["status"], "tokens_per_s": tps,
             "aggregate_tokens_per_s": tp.get("aggregate_tokens_per_s", tps),
             "tflops": tp.get("model_tflops"), "mfu": tp.get("mfu"),

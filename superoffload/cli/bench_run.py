@@ -23,10 +23,11 @@ import signal
 import subprocess
 import sys
 
-from superoffload.harness.models import MODELS
+from superoffload.harness.arguments import key_value
 from superoffload.harness.system import RunConfig
 from superoffload.harness.systems import SYSTEMS
-from superoffload.shapes import ModelShape
+from superoffload.options import PRECISIONS
+from superoffload.shapes import MODELS, ModelShape
 
 GiB = 2**30
 FP32_TRAINING_BYTES = 16  # per parameter: fp32 weights, gradients, Adam m and v
@@ -69,14 +70,7 @@ def _positive_float(s: str) -> float:
     return v
 
 
-def _option(s: str) -> tuple[str, object]:
-    key, sep, value = s.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {s!r}")
-    try:
-        return key, json.loads(value)
-    except json.JSONDecodeError:
-        return key, value
+_option = key_value  # the old name, which scripts outside the package still import
 
 
 def add_cli(sub: argparse._SubParsersAction) -> None:
@@ -97,8 +91,8 @@ def add_cli(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=_positive_int, default=10, help="timed steps after warm-up (default 10)")
     p.add_argument("--warmup", type=_nonneg_int, default=2,
                    help="warm-up steps, run but excluded from timing (default 2)")
-    p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32",
-                   help="training precision (default fp32)")
+    p.add_argument("--precision", "--dtype", dest="precision", choices=PRECISIONS, default="fp32",
+                   help="training precision (default fp32; --dtype is its old name, and the record's key)")
     p.add_argument("--seed", type=int, default=1234, help="seed for weights and data (default 1234)")
     p.add_argument("--lr", type=_positive_float, default=1e-3, help="learning rate (default 1e-3)")
     p.add_argument("--weight-decay", type=_nonneg_float, default=0.1, help="AdamW weight decay (default 0.1)")
@@ -117,13 +111,13 @@ def add_cli(sub: argparse._SubParsersAction) -> None:
                    help="tokenized corpus file (flat uint16/uint32 token ids) instead of synthetic data")
     p.add_argument("--data-dtype", choices=["uint16", "uint32"], default="uint16",
                    help="token id type of --data (default uint16)")
-    p.add_argument("--option", "-o", type=_option, action="append", default=[], metavar="KEY=VALUE",
+    p.add_argument("--option", "-o", type=key_value, action="append", default=[], metavar="KEY=VALUE",
                    help="system-specific option (JSON value), repeatable, e.g. -o bucket_size=4096")
     p.add_argument("--nproc", type=int, default=None, metavar="N",
                    help="train on N ranks of this host: launches torchrun --standalone --nproc_per_node N with "
                         "this command (gloo on the CPU, NCCL on GPUs, one GPU per rank); --batch is per rank, "
-                        "the global batch is batch x grad-accum x N; only rank 0 writes --out (default: one "
-                        "process, or the ranks of an enclosing torchrun)")
+                        "the global batch is batch x grad-accum x N; only rank 0 writes --out, whose world_size is N "
+                        "(default: one process, or the ranks of an enclosing torchrun)")
     p.add_argument("--sp", type=_positive_int, default=1, metavar="K",
                    help="Ulysses sequence-parallel degree: K consecutive ranks split every sequence (each holds "
                         "seq/K tokens), N/K data-parallel groups; K must divide --nproc N, the model's attention "
@@ -160,7 +154,7 @@ def main(args: argparse.Namespace) -> int:
             return 2
         options["api"] = args.api
     run = RunConfig(system=args.system, model=args.model, seq=args.seq, batch=args.batch,
-                    grad_accum=args.grad_accum, steps=args.steps, warmup=args.warmup, dtype=args.dtype,
+                    grad_accum=args.grad_accum, steps=args.steps, warmup=args.warmup, precision=args.precision,
                     seed=args.seed, lr=args.lr, weight_decay=args.weight_decay, grad_clip=args.grad_clip,
                     activation_checkpointing=args.checkpointing or args.offload_checkpoints, threads=args.threads,
                     device=args.device, peak_flops=args.peak_flops, system_options=options,
@@ -281,7 +275,8 @@ def child_argv(args: argparse.Namespace) -> list[str]:
     """The `bench run` options of ``args`` as argv for the ranks (without --nproc)."""
     argv = ["bench", "run", "--system", args.system, "--model", args.model, "--seq", str(args.seq),
             "--batch", str(args.batch), "--grad-accum", str(args.grad_accum), "--steps", str(args.steps),
-            "--warmup", str(args.warmup), "--dtype", args.dtype, "--seed", str(args.seed), "--lr", repr(args.lr),
+            "--warmup", str(args.warmup), "--precision", args.precision, "--seed", str(args.seed),
+            "--lr", repr(args.lr),
             "--weight-decay", repr(args.weight_decay), "--grad-clip", repr(args.grad_clip),
             "--device", args.device, "--out", str(args.out), "--no-progress"]
     if args.checkpointing:
@@ -320,8 +315,7 @@ RANK_OF_LAUNCHER_ENV = "SUPEROFFLOAD_BENCH_RANK"  # set for the ranks `bench run
 
 def launch_ranks(args: argparse.Namespace, run: RunConfig) -> int:
     """Run the ranks under torchrun, pass their output through, and leave a record at --out."""
-    from superoffload.harness.record import write_record
-    from superoffload.harness.runner import error_record
+    from superoffload.harness.record import error_record, write_record
 
     out = os.fspath(args.out)
     if os.path.exists(out):
@@ -429,12 +423,12 @@ def check_memory(run: RunConfig, shape: ModelShape, host_available: float | None
         except PlanInfeasible as e:
             _require(what, e.memory, e.need_bytes, e.available_bytes, "the planner's estimate, weight flow included")
         return
-    opts = Options(precision=run.dtype, grad_clip=run.grad_clip, grad_accum=run.grad_accum)
+    opts = Options(precision=run.precision, grad_clip=run.grad_clip, grad_accum=run.grad_accum)
     w = Workload(positions_for(shape, run.seq) if long_kw else shape, run.seq, run.batch,
-                 bool(run.activation_checkpointing), dtype=run.dtype, **long_kw)
+                 bool(run.activation_checkpointing), dtype=run.precision, **long_kw)
     mem = estimate_memory(w, hw, system_spec(run.system, opts, n, world=w.chips), opts)
     on_device = mem.device_total
-    if run.dtype == "fp32":
+    if run.precision == "fp32":
         on_device -= mem.device.get("autocast_bf16_weights", 0.0)  # no autocast copies in fp32 training
     why = "the cost model's estimate of weights, optimizer state, gradients and activations"
     if cuda:

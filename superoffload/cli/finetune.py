@@ -69,8 +69,8 @@ def add_cli(sub: argparse._SubParsersAction) -> None:
                    help="AdamW weight decay on matrices (default 0.01)")
     o.add_argument("--betas", type=_pair, default=(0.9, 0.999), help="Adam betas (default 0.9,0.999)")
     o.add_argument("--grad-clip", type=float, default=1.0, help="global-norm clipping; 0 disables (default 1.0)")
-    o.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16",
-                   help="precision of the device weights (default bf16)")
+    o.add_argument("--precision", "--dtype", dest="precision", choices=["bf16", "fp16", "fp32"], default="bf16",
+                   help="precision of the device weights (default bf16; --dtype is its old name)")
     o.add_argument("--no-checkpointing", action="store_true", help="no activation checkpointing")
     o.add_argument("--seed", type=int, default=42, help="seed of the data order and zoo weights (default 42)")
     c = p.add_argument_group("checkpoints and output")
@@ -84,7 +84,7 @@ def add_cli(sub: argparse._SubParsersAction) -> None:
                    help="stop after step K with a checkpoint, as a pre-emption would (continue with --resume)")
     c.add_argument("--save-dtype", choices=["auto", "bf16", "fp16", "fp32"], default="auto",
                    help="dtype of DIR/final's weights, cast from the fp32 master (default auto: the dtype the "
-                        "model was stored in, else --dtype)")
+                        "model was stored in, else --precision)")
     m = p.add_argument_group("machine and reporting")
     m.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
     m.add_argument("--threads", type=int, default=None, help="host threads for torch (default: torch's default)")
@@ -108,7 +108,7 @@ def main(args: argparse.Namespace) -> int:
         model=args.model, data=args.data, steps=args.steps, out=args.out, config=args.config,
         max_length=args.max_length, pad=args.pad, batch=args.batch, grad_accum=args.grad_accum, lr=args.lr,
         warmup_ratio=args.warmup_ratio, warmup_steps=args.warmup_steps, min_lr_ratio=args.min_lr_ratio,
-        weight_decay=args.weight_decay, betas=args.betas, grad_clip=args.grad_clip, dtype=args.dtype,
+        weight_decay=args.weight_decay, betas=args.betas, grad_clip=args.grad_clip, precision=args.precision,
         save_dtype=args.save_dtype, activation_checkpointing=not args.no_checkpointing, seed=args.seed,
         save_every=args.save_every, keep_checkpoints=args.keep_checkpoints, resume=args.resume,
         stop_after=args.stop_after, log_every=args.log_every, timing_warmup=args.timing_warmup,

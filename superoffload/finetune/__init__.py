@@ -6,7 +6,8 @@ Modules, one concern each: ``tokenizer`` (the model's tokenizer or the byte-leve
 (JSON/JSONL/.bin reading, prompt masking, packing or padding, batches by step), ``model`` (loading,
 activation checkpointing, the shape for the planner and FLOPs), ``schedule`` (warm-up + cosine LR),
 ``checkpoint`` (atomic checkpoints, bit-exact resume, the final save_pretrained), ``progress`` (bar or log
-lines with tokens/s, TFLOPS, MFU), ``runrecord`` (the run record, same schema as ``bench run``), ``train``
+lines with tokens/s, TFLOPS, MFU), ``runrecord`` (finishing the run record, built by ``bench run``'s own
+superoffload.harness.record), ``train``
 (the loop), ``convergence`` (engine vs plain torch on real text). docs/finetune.md has the details.
 """
 

@@ -7,7 +7,7 @@
   copy comes from these values; the device copy is cast to the training precision). Nothing is
   downloaded: a hub id such as ``meta-llama/Llama-3.1-8B`` that is not a local directory is an error;
 - a directory written by a previous ``finetune`` of a zoo GPT (``config.json`` with ``superoffload_zoo``);
-- a zoo name (``superoffload.harness.models``, e.g. ``gpt-tiny``, ``llama-tiny``), built from its config
+- a zoo name (``superoffload.models``, e.g. ``gpt-tiny``, ``llama-tiny``), built from its config
   with seeded initial weights.
 
 The planner and the FLOPs accounting need a ``ModelShape``: zoo models have one; for a Hugging Face
@@ -28,12 +28,12 @@ import torch.nn as nn
 
 from superoffload.finetune.errors import FinetuneInputError
 from superoffload.finetune.tokenizer import ByteTokenizer, TextTokenizer, load_tokenizer
-from superoffload.harness.models import MODELS, build_model, count_params
+from superoffload.models import MODELS, build_model, count_params
+from superoffload.options import precision_of
 from superoffload.shapes import ModelShape, shape_from_hf
 
 ZOO_MARKER = "superoffload_zoo"
 ZOO_WEIGHTS = "model.safetensors"
-DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 @dataclass
@@ -61,9 +61,15 @@ class LoadedModel:
 
 
 def _torch_dtype_name(value: Any) -> str | None:
+    """The precision name of a config's torch dtype (or its name, e.g. "bfloat16"); None for any other."""
     if isinstance(value, str):
         value = getattr(torch, value, None)
-    return DTYPE_NAMES.get(value)
+    if not isinstance(value, torch.dtype):
+        return None
+    try:
+        return precision_of(value)
+    except ValueError:
+        return None
 
 
 def enable_hf_checkpointing(module: nn.Module) -> None:
@@ -121,7 +127,7 @@ def save_zoo_config(directory: Path, shape: ModelShape, dtype: str) -> None:
 def _build_zoo(shape: ModelShape, seed: int, activation_checkpointing: bool) -> tuple[nn.Module, str]:
     model = build_model(shape, seq=shape.max_seq, seed=seed, activation_checkpointing=activation_checkpointing)
     if shape.family == "hf":
-        return model.model, "hf"  # the transformers model inside the harness adapter
+        return model.model, "hf"  # the transformers model inside the zoo adapter
     return model, "gpt"
 
 

@@ -27,7 +27,7 @@ import sys
 import time
 import traceback
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import InitVar, asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -40,15 +40,16 @@ from superoffload.finetune.data import IGNORE, Rows, TrainData, check_data_path,
 from superoffload.finetune.errors import FinetuneInputError
 from superoffload.finetune.model import LoadedModel, load_model, restore_buffer_dtypes, snapshot_buffers
 from superoffload.finetune.progress import Progress
-from superoffload.finetune.runrecord import finish_record, new_record, resolve_peak
+from superoffload.finetune.runrecord import finish_record
 from superoffload.finetune.schedule import WarmupCosine, make_scheduler, warmup_steps
 from superoffload.finetune.stop import EXIT_PREEMPTED, StopRequest
-from superoffload.harness.models import MODELS
+from superoffload.harness.peak import resolve_peak
+from superoffload.harness.record import new_record
 from superoffload.harness.system import RunConfig
-from superoffload.options import torch_dtype
+from superoffload.options import PRECISIONS, Precision, torch_dtype
+from superoffload.shapes import MODELS
 
 DEFAULT_MAX_LENGTH = 2048
-DTYPES = ("fp32", "bf16", "fp16")
 # settings a resumed run must share with the checkpoint to continue bit-exactly
 # (the global batch, not the per-rank one: the rows of a step depend only on it, so a run may resume on
 # another number of ranks)
@@ -77,8 +78,8 @@ class FinetuneConfig:
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
     grad_clip: float = 1.0
-    dtype: str = "bf16"
-    save_dtype: str = "auto"  # auto: the dtype the model was stored in, else dtype
+    precision: Precision = "bf16"  # of the device weights (the old name ``dtype`` is still accepted)
+    save_dtype: str = "auto"  # auto: the precision the model was stored in, else ``precision``
     activation_checkpointing: bool = True
     seed: int = 42
     save_every: int = 0  # 0: checkpoint only at the end (and at --stop-after)
@@ -95,6 +96,11 @@ class FinetuneConfig:
     data_dtype: str = "uint16"
     progress: bool = True
     print_plan: bool = True
+    dtype: InitVar[str | None] = None  # the old name of ``precision``
+
+    def __post_init__(self, dtype: str | None) -> None:
+        if dtype is not None:
+            self.precision = dtype
 
 
 @dataclass
@@ -137,8 +143,8 @@ def _check_scalars(c: FinetuneConfig) -> None:
     need(0 <= c.min_lr_ratio <= 1, f"--min-lr-ratio must be in [0, 1], got {c.min_lr_ratio}")
     need(c.weight_decay >= 0, f"--weight-decay must be >= 0, got {c.weight_decay}")
     need(c.grad_clip >= 0, f"--grad-clip must be >= 0 (0 disables clipping), got {c.grad_clip}")
-    need(c.dtype in DTYPES, f"--dtype must be one of {', '.join(DTYPES)}, got {c.dtype!r}")
-    need(c.save_dtype in ("auto", *DTYPES), f"--save-dtype must be auto or one of {', '.join(DTYPES)}, "
+    need(c.precision in PRECISIONS, f"--precision must be one of {', '.join(PRECISIONS)}, got {c.precision!r}")
+    need(c.save_dtype in ("auto", *PRECISIONS), f"--save-dtype must be auto or one of {', '.join(PRECISIONS)}, "
          f"got {c.save_dtype!r}")
     need(c.save_every >= 0, f"--save-every must be >= 0 (0: only at the end), got {c.save_every}")
     need(c.keep_checkpoints >= 1, f"--keep-checkpoints must be >= 1, got {c.keep_checkpoints}")
@@ -196,7 +202,7 @@ def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 def _resolve_save_dtype(c: FinetuneConfig, loaded: LoadedModel, precision: str) -> str:
     if c.save_dtype != "auto":
         return c.save_dtype
-    return loaded.source_dtype if loaded.source_dtype in DTYPES else precision
+    return loaded.source_dtype if loaded.source_dtype in PRECISIONS else precision
 
 
 # ================================================================================================ prepare
@@ -245,7 +251,7 @@ def prepare(c: FinetuneConfig) -> Prepared:
     if not c.plan:
         options["plan"] = False
     run = RunConfig(system="superoffload", model=shape.name, seq=max_length, batch=c.batch,
-                    grad_accum=c.grad_accum, steps=c.steps, warmup=0, dtype=c.dtype, seed=c.seed, lr=c.lr,
+                    grad_accum=c.grad_accum, steps=c.steps, warmup=0, precision=c.precision, seed=c.seed, lr=c.lr,
                     betas=tuple(c.betas), eps=c.eps, weight_decay=c.weight_decay, grad_clip=c.grad_clip,
                     activation_checkpointing=c.activation_checkpointing, threads=c.threads, device=c.device,
                     world_size=world, system_options=options, peak_flops=c.peak_flops)
@@ -257,7 +263,7 @@ def prepare(c: FinetuneConfig) -> Prepared:
     except (ConfigError, ValueError) as e:
         raise FinetuneInputError(f"engine config: {' '.join(str(e).split())}") from None
     # the engine config is the truth for what the file may override
-    run.grad_accum, run.dtype, run.grad_clip = eng_cfg.grad_accum, eng_cfg.precision, eng_cfg.grad_clip
+    run.grad_accum, run.precision, run.grad_clip = eng_cfg.grad_accum, eng_cfg.precision, eng_cfg.grad_clip
     run.lr, run.weight_decay = eng_cfg.optimizer.lr, eng_cfg.optimizer.weight_decay
     run.betas, run.eps = tuple(eng_cfg.optimizer.betas), eng_cfg.optimizer.eps
     if overrides:
@@ -389,7 +395,7 @@ def train(prep: Prepared, *, stdout: TextIO | None = None, stderr: TextIO | None
     del buffers
     device = engine.backend
     dtype = torch_dtype(eng_cfg.precision)
-    rec = new_record(run, loaded.shape, loaded.params, prep.rank, device.name())
+    rec = new_record(run, loaded.shape, params=loaded.params, rank=prep.rank, device_name=device.name())
     schedule = WarmupCosine(total=c.steps, warmup=prep.warmup, floor=c.min_lr_ratio)
     sched = make_scheduler(engine.optimizer, schedule)
     losses: list[float | None] = []  # None: no learned token in the step; NaN: the loss was not finite

@@ -23,7 +23,6 @@ import datetime as _dt
 import importlib
 import logging
 import os
-import resource
 import statistics
 import time
 import traceback
@@ -33,28 +32,25 @@ from typing import Any
 import torch
 
 from superoffload.device import DEVICE_KINDS, get_device
-from superoffload.harness import flops, peak, placement, provenance, record
+from superoffload.harness import peak, placement, record
 from superoffload.harness.data import SyntheticData, TokenFileData
 from superoffload.harness.models import build_model, count_params, get_shape
 from superoffload.harness.noise import NoiseSampler
-from superoffload.harness.stats import summarize
 from superoffload.harness.system import RunConfig
 from superoffload.harness.systems import SYSTEMS, check_system, create_system
 from superoffload.harness.telemetry import Telemetry
+from superoffload.options import PRECISIONS, torch_dtype
 from superoffload.shapes import ModelShape
 
 log = logging.getLogger(__name__)
-
-DTYPES = ("fp32", "bf16", "fp16")
-
 
 def validate_run(run: RunConfig) -> ModelShape:
     """Check a RunConfig; raise ValueError saying what to change. Returns the model shape."""
     check_system(run.system)
     _validate_system(run)
     shape = get_shape(run.model)
-    if run.dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {DTYPES}, got {run.dtype!r}")
+    if run.precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {run.precision!r}")
     for name in ("seq", "batch", "grad_accum", "steps", "world_size"):
         if getattr(run, name) < 1:
             raise ValueError(f"{name} must be >= 1, got {getattr(run, name)}")
@@ -179,17 +175,6 @@ def _place(run: RunConfig) -> dict[str, Any]:
     return p.to_dict()
 
 
-def _host_peak_rss() -> int:
-    # ru_maxrss is in KiB on Linux: the process-lifetime peak
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
-
-
-def _model_block(shape: ModelShape, params: int) -> dict[str, Any]:
-    return {"name": shape.name, "params": params, "matmul_params": shape.matmul_params(),
-            "layers": shape.layers, "hidden": shape.hidden, "heads": shape.heads, "vocab": shape.vocab,
-            "ffn_hidden": shape.ffn_hidden, "kv_heads": shape.n_kv_heads, "family": shape.family}
-
-
 def run_benchmark(run: RunConfig, progress: Callable[[int, int, float], None] | None = None) -> dict[str, Any]:
     """Run one benchmark and return its record (status ok / oom / error). Raises only on bad input."""
     rank, world = _dist_env()
@@ -206,23 +191,14 @@ def run_benchmark(run: RunConfig, progress: Callable[[int, int, float], None] | 
     device = get_device(run.device)
     if world > 1:
         _init_distributed(device.type)
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[run.dtype]
-    rec: dict[str, Any] = {
-        "schema_version": 1, "status": "ok", "error": None, "system": run.system,
-        "model": _model_block(shape, shape.total_params()),
-        "run": {**_run_block(run), "rank": rank},
-        "timing": None, "losses": [], "throughput": None, "memory": {}, "telemetry": None,
-        "system_stats": None, "rollbacks": None, "plan": None,
-        "world_size": world, "placement": where, "ranks": None,
-        "provenance": provenance.collect(device.name()),
-        "created_utc": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-    }
+    dtype = torch_dtype(run.precision)
+    rec = record.new_record(run, shape, params=shape.total_params(), rank=rank, device_name=device.name())
+    rec["placement"] = where
     telemetry = Telemetry(run.telemetry_interval_s, want_gpu=device.is_cuda)
     system = None
     sampler: NoiseSampler | None = None
     times: list[float] = []
-    losses: list[float | None] = []
-    nonfinite: list[bool] = []
+    losses: list[float] = []
     skipped: list[bool] | None = []
     try:
         model = build_model(shape, seq=run.seq, seed=run.seed, activation_checkpointing=run.checkpointing_mode)
@@ -250,9 +226,7 @@ def run_benchmark(run: RunConfig, progress: Callable[[int, int, float], None] | 
             times.append(time.perf_counter() - t0)
             telemetry.mark_step(i)
             lv = float(loss.detach().float().cpu())
-            finite = lv == lv and abs(lv) != float("inf")
-            losses.append(lv if finite else None)
-            nonfinite.append(not finite)
+            losses.append(lv)
             flag = getattr(system, "last_step_skipped", None)
             skipped = None if skipped is None or flag is None else [*skipped, bool(flag)]
             if progress:
@@ -269,13 +243,8 @@ def run_benchmark(run: RunConfig, progress: Callable[[int, int, float], None] | 
                 system.teardown()
             except Exception as e:  # noqa: BLE001
                 log.warning("teardown failed: %s", e)
-    rec["losses"] = losses
-    rec["loss_nonfinite"] = nonfinite  # a null loss above is NaN/Inf where this is true
-    rec["step_skipped"] = skipped  # per step: the optimizer skipped it (None: the system cannot say)
-    verdict = record.nonfinite_verdict(skipped)
-    if verdict and rec["status"] == "ok":
-        rec["status"], rec["error"] = "error", verdict
-    rec["memory"] = {"peak_device_bytes": device.peak_memory_bytes(), "peak_host_rss_bytes": _host_peak_rss()}
+    record.record_steps(rec, losses, skipped)  # NaN/Inf losses become null, marked in loss_nonfinite
+    rec["memory"] = record.memory_block(device.peak_memory_bytes())
     rec["telemetry"] = telemetry.summary(timed_from_step=run.warmup)
     if rec["system_stats"]:
         rec["rollbacks"] = rec["system_stats"].get("speculation")
@@ -285,7 +254,7 @@ def run_benchmark(run: RunConfig, progress: Callable[[int, int, float], None] | 
         rec["noise"] = sampler.assess(timed, ranks=int(os.environ.get("LOCAL_WORLD_SIZE", world)))
     tokens_per_rank = run.tokens_per_rank  # under --sp: seq / sp tokens of each sequence
     if rec["status"] == "ok" and timed:
-        rec["timing"] = {"step_times_s": timed, "warmup_times_s": times[: run.warmup], **summarize(timed)}
+        rec["timing"] = record.timing_block(times, run.warmup)
     mine = _rank_entry(rec, rank, tokens_per_rank, where)
     rec["ranks"] = [mine]
     if world > 1:
@@ -294,18 +263,7 @@ def run_benchmark(run: RunConfig, progress: Callable[[int, int, float], None] | 
         peak_flops, source = peak.resolve_peak(device.torch_device, dtype, run.peak_flops)
         # the step ends when the slowest rank's does: per-device numbers use the slowest median
         slowest = max(r["median_step_s"] for r in rec["ranks"])
-        # model FLOPs per token over the global sequence (attention spans the whole sequence), times the
-        # tokens this device processed: under --sp each device does 1/sp of its group's attention
-        checkpointing = bool(run.checkpointing_mode)
-        tp = flops.throughput(shape, run.seq, tokens_per_rank, slowest, peak_flops, checkpointing)
-        rec["throughput"] = {
-            "tokens_per_s": tp.tokens_per_s, "model_tflops": tp.model_tflops,
-            "hardware_tflops": tp.hardware_tflops, "mfu": tp.mfu, "hfu": tp.hfu,
-            "aggregate_tokens_per_s": tp.tokens_per_s * world, "aggregate_model_tflops": tp.model_tflops * world,
-            "peak_flops": peak_flops, "peak_flops_source": source,
-            "model_flops_per_token": flops.model_flops_per_token(shape, run.seq),
-            "hardware_flops_per_token": flops.hardware_flops_per_token(shape, run.seq, checkpointing),
-        }
+        rec["throughput"] = record.throughput_block(run, shape, slowest, peak_flops, source)
     record.validate(rec)
     return rec
 
@@ -364,26 +322,3 @@ def _merge_ranks(rec: dict[str, Any], gathered: list[dict[str, Any]] | str | Non
     medians = [r["median_step_s"] for r in rec["ranks"]]
     rec["timing"]["rank_median_spread_s"] = max(medians) - min(medians)
     rec["timing"]["median_of_ranks_s"] = statistics.median(medians)
-
-
-def _run_block(run: RunConfig) -> dict[str, Any]:
-    """The record's ``run``: the RunConfig plus what follows from it. ``seq`` is the global sequence length
-    (``global_seq``, the same number, says so explicitly); ``local_seq`` is what one rank holds."""
-    return {**run.to_dict(), "global_batch": run.global_batch, "tokens_per_step": run.tokens_per_step,
-            "global_seq": run.seq, "local_seq": run.local_seq, "dp": run.dp}
-
-
-def error_record(run: RunConfig, message: str) -> dict[str, Any]:
-    """A schema-valid error record for a run that produced none (e.g. its ranks died under --nproc)."""
-    shape = get_shape(run.model)
-    rec: dict[str, Any] = {
-        "schema_version": 1, "status": "error", "error": message, "system": run.system,
-        "model": _model_block(shape, shape.total_params()),
-        "run": {**_run_block(run), "rank": 0},
-        "timing": None, "losses": [], "throughput": None, "memory": {}, "telemetry": None,
-        "system_stats": None, "rollbacks": None, "plan": None, "world_size": run.world_size, "ranks": None,
-        "provenance": provenance.collect("unknown"),
-        "created_utc": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-    }
-    record.validate(rec)
-    return rec

@@ -7,17 +7,25 @@ A system only turns a model into something that can take one optimizer step on a
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import InitVar, asdict, dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from superoffload.options import DeviceKind, Precision
 from superoffload.shapes import ModelShape
+
+# Fields whose name in a run record predates the code's: the record's ``run`` keeps the old key, so every
+# reader of old and new records (reports, nightly, calibrate) reads one name.
+RECORD_KEYS = {"precision": "dtype"}
 
 
 @dataclass
 class RunConfig:
-    """Everything about a run that is not the model's shape. Validated by the CLI and the runner."""
+    """Everything about a run that is not the model's shape. Validated by the CLI and the runner.
+
+    ``precision`` was called ``dtype`` (still accepted as a keyword; the record's key stays ``run.dtype``).
+    ``world_size`` is the number of ranks (``world`` elsewhere in code; the name of the record's key)."""
 
     system: str = "torch"
     model: str = "gpt-tiny"
@@ -26,7 +34,7 @@ class RunConfig:
     grad_accum: int = 1
     steps: int = 10  # timed steps (after warm-up)
     warmup: int = 2
-    dtype: str = "fp32"  # fp32 | bf16 | fp16
+    precision: Precision = "fp32"
     seed: int = 1234
     lr: float = 1e-3
     betas: tuple[float, float] = (0.9, 0.95)
@@ -35,8 +43,8 @@ class RunConfig:
     grad_clip: float = 0.0  # 0 = off; otherwise global-norm clipping to this value
     activation_checkpointing: bool = False
     threads: int | None = None  # host threads for torch and the host optimizer
-    device: str = "auto"  # auto | cuda | cpu
-    world_size: int = 1  # set by the runner from torchrun's WORLD_SIZE
+    device: DeviceKind = "auto"
+    world_size: int = 1  # ranks: --nproc, or torchrun's WORLD_SIZE (the runner sets it)
     # bind this rank's process to its own slice of the host's cores (superoffload.harness.placement)
     bind_cores: bool = False
     host_threads: int | None = None  # host optimizer threads (default: `threads`; --bind-cores: slice - 1)
@@ -50,6 +58,11 @@ class RunConfig:
     offload_checkpoints: bool = False
     peak_flops: float | None = None  # override the peak used for MFU/HFU
     telemetry_interval_s: float = 0.1
+    dtype: InitVar[str | None] = None  # the old name of ``precision``
+
+    def __post_init__(self, dtype: str | None) -> None:
+        if dtype is not None:
+            self.precision = dtype
 
     @property
     def dp(self) -> int:
@@ -85,6 +98,10 @@ class RunConfig:
         d = asdict(self)
         d["betas"] = list(self.betas)
         return d
+
+    def record_dict(self) -> dict[str, Any]:
+        """``to_dict`` under the run record's key names (``RECORD_KEYS``)."""
+        return {RECORD_KEYS.get(k, k): v for k, v in self.to_dict().items()}
 
 
 @dataclass

@@ -1,13 +1,19 @@
 """Model-side building blocks for long-sequence training (docs/sequence_parallel.md).
 
 - ``ulysses``: Ulysses sequence parallelism (all-to-all around an unchanged local attention);
-- ``models``: ``enable_sequence_parallel`` for our GPT and transformers Llama-style models;
+- ``models``: ``enable_sequence_parallel`` for the zoo's models (superoffload.models) and transformers causal LMs;
 - ``loss``: the token-normalized loss (explicit 1 / global-token-count scaling) and the tiled
   cross-entropy that never holds the [tokens, vocab] logits;
-- ``checkpoint``: activation checkpointing with the checkpoints in host memory.
+- ``checkpoint``: activation checkpointing with the checkpoints in host memory (``enable_offloaded_checkpointing``
+  switches a model to it).
 """
 
-from superoffload.sequence.checkpoint import ActivationOffloader, OffloadStats, offloaded_checkpoint
+from superoffload.sequence.checkpoint import (
+    ActivationOffloader,
+    OffloadStats,
+    enable_offloaded_checkpointing,
+    offloaded_checkpoint,
+)
 from superoffload.sequence.loss import (
     IGNORE_INDEX,
     TiledTokenLosses,
@@ -21,7 +27,6 @@ from superoffload.sequence.loss import (
 from superoffload.sequence.models import (
     HF_ATTENTION,
     SequenceParallel,
-    enable_offloaded_checkpointing,
     enable_sequence_parallel,
 )
 from superoffload.sequence.ulysses import (

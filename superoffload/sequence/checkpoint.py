@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
 from superoffload.device import Device
@@ -202,3 +203,24 @@ class ActivationOffloader:
 def offloaded_checkpoint(fn: Callable, *args, offloader: ActivationOffloader, **kwargs):
     """Functional form of ``ActivationOffloader.checkpoint``."""
     return offloader.checkpoint(fn, *args, **kwargs)
+
+
+def enable_offloaded_checkpointing(model: nn.Module,
+                                   offloader: ActivationOffloader | None = None) -> ActivationOffloader:
+    """Checkpoint every block of ``model`` with its input held in host memory; returns the offloader (also
+    ``model.activation_offloader``, which ``superoffload.initialize`` binds to its device).
+
+    A zoo model does it itself (``offload_checkpoints_to``); any other model is taken to be a transformers
+    model, checkpointed through transformers' own per-layer hook with ``ActivationOffloader.checkpoint``
+    as the checkpointing function.
+    """
+    offloader = offloader or ActivationOffloader()
+    own = getattr(model, "offload_checkpoints_to", None)
+    if callable(own):
+        own(offloader)
+        return offloader
+    from superoffload.models.hf import checkpoint_transformers_with
+
+    checkpoint_transformers_with(model, offloader.checkpoint)
+    model.activation_offloader = offloader
+    return offloader

@@ -137,7 +137,7 @@ def count_tokens(targets: torch.Tensor, group: Group = None, *, ignore_index: in
 class TokenNormalizedLoss:
     """Per-rank LM loss = (sum of this rank's token losses) * (1 / global token count).
 
-    ``fn(hidden, head, targets) -> loss``, the loss hook of the harness models; ``head`` is the LM-head
+    ``fn(hidden, head, targets) -> loss``, the loss hook of the zoo models; ``head`` is the LM-head
     module (preferred: see ``head_weight``) or its weight. Summing the
     resulting gradients over the ranks of ``group`` (no averaging) gives the gradient of the mean loss
     over all of their tokens.

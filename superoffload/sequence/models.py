@@ -1,4 +1,6 @@
-"""Sequence parallelism for the harness's models: our GPT and Hugging Face Llama-style models.
+"""Sequence parallelism for the zoo's models (our GPT, Hugging Face Llama-style models) and bare transformers
+causal LMs. A zoo model says where to attach (``sequence_parallel_plan()``, superoffload.models.parallel);
+nothing here checks a model's class.
 
 ``enable_sequence_parallel(model, group)`` changes, at setup, what differs when each rank of ``group``
 holds a contiguous chunk of every sequence:
@@ -9,7 +11,7 @@ holds a contiguous chunk of every sequence:
   causal mask is the global one: the local attention runs causally over the gathered sequence;
 - positions: learned position embeddings (GPT) and RoPE position ids (transformers) start at the
   rank's global offset ``rank * local_len`` (a forward pre-hook fills them in when not given);
-- loss: the harness models' loss becomes ``TokenNormalizedLoss`` (sum of this rank's token losses x
+- loss: the zoo models' loss becomes ``TokenNormalizedLoss`` (sum of this rank's token losses x
   1 / global token count), optionally tiled over tokens.
 """
 
@@ -20,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
-from superoffload.sequence.checkpoint import ActivationOffloader
+from superoffload.models.parallel import SequenceParallelPlan
 from superoffload.sequence.loss import IGNORE_INDEX, TokenNormalizedLoss, global_loss
 from superoffload.sequence.ulysses import (
     Group,
@@ -64,29 +66,32 @@ class SequenceParallel:
         self._undo.clear()
 
 
-# ------------------------------------------------------------------------------------------- GPT
-def _enable_gpt(model: nn.Module, sp: SequenceParallel) -> None:
-    shape = model.shape
-    attention = UlyssesAttention(sp.group, shape.heads, shape.n_kv_heads)   # raises on bad head counts
-    old_attention = [(blk.attn, blk.attn.attention_fn) for blk in model.blocks]
-    for blk in model.blocks:
-        blk.attn.attention_fn = attention
+# ------------------------------------------------------------------------- hook route (our GPT)
+def _enable_hooks(model: nn.Module, plan: SequenceParallelPlan, sp: SequenceParallel) -> None:
+    attention = UlyssesAttention(sp.group, plan.heads, plan.kv_heads)   # raises on bad head counts
+    old_attention = [(attn, attn.attention_fn) for attn in plan.attention]
+    for attn in plan.attention:
+        attn.attention_fn = attention
+    key = plan.position_kwarg
 
     def positions(module, args, kwargs):
-        if "position_offset" not in kwargs:
+        if key not in kwargs:
             idx = args[0] if args else kwargs["idx"]
-            kwargs["position_offset"] = sp.position_offset(idx.shape[1])
+            kwargs[key] = sp.position_offset(idx.shape[1])
         return args, kwargs
 
     handle = model.register_forward_pre_hook(positions, with_kwargs=True)
-    old_loss = model.loss_fn
-    model.loss_fn = sp.loss
+    owner = plan.loss_owner
+    old_loss = owner.loss_fn if owner is not None else None
+    if owner is not None:
+        owner.loss_fn = sp.loss
 
     def undo() -> None:
         for attn, fn in old_attention:
             attn.attention_fn = fn
         handle.remove()
-        model.loss_fn = old_loss
+        if owner is not None:
+            owner.loss_fn = old_loss
 
     sp._undo.append(undo)
 
@@ -206,7 +211,7 @@ def enable_sequence_parallel(model: nn.Module, group: Group = None, *, loss_tile
                              ignore_index: int = IGNORE_INDEX) -> SequenceParallel:
     """Set ``model`` up for Ulysses sequence parallelism over ``group`` (default: the whole world).
 
-    ``model``: our GPT, the harness's ``CausalLM`` around a transformers model, or a bare transformers
+    ``model``: our GPT, the zoo's ``CausalLM`` around a transformers model, or a bare transformers
     causal LM (``LlamaForCausalLM``; then compute the loss yourself with ``SequenceParallel.loss`` on the
     decoder's last hidden state -- its ``labels`` loss is refused). Raises ValueError when the heads cannot
     be split over the group (attention heads must divide by SP; KV heads divide by SP or SP by them).
@@ -218,39 +223,29 @@ def enable_sequence_parallel(model: nn.Module, group: Group = None, *, loss_tile
     Inputs: every rank feeds its chunk ``SequenceParallel.shard(x)`` of the same global batch; targets are
     shifted over the whole sequence *before* sharding. Gradients: sum (all-reduce SUM) over the ranks.
     """
-    from superoffload.harness.models.gpt import GPT
-    from superoffload.harness.models.hf import CausalLM
-
     if getattr(model, "_sequence_parallel", None) is not None:
         raise RuntimeError("sequence parallelism is already enabled on this model; call disable() first")
     sp = SequenceParallel(model=model, group=group, sp=group_size(group), rank=group_rank(group),
                           loss=TokenNormalizedLoss(loss_group if loss_group is not None else group, tile=loss_tile,
                                                    global_tokens=global_tokens, ignore_index=ignore_index))
-    if isinstance(model, GPT):
-        _enable_gpt(model, sp)
-    elif isinstance(model, CausalLM):
-        _enable_hf(model.model, sp, model)
-    elif hasattr(model, "config") and hasattr(model, "get_decoder"):
-        _enable_hf(model, sp, None)
+    plan = _plan_of(model)
+    if plan.transformers_model is not None:
+        _enable_hf(plan.transformers_model, sp, plan.loss_owner)
     else:
-        raise TypeError(f"enable_sequence_parallel supports superoffload's GPT, CausalLM and transformers causal "
-                        f"LMs, not {type(model).__name__}")
+        _enable_hooks(model, plan, sp)
     model._sequence_parallel = sp
     sp._undo.insert(0, lambda: setattr(model, "_sequence_parallel", None))
     return sp
 
 
-def enable_offloaded_checkpointing(hf: nn.Module, offloader: ActivationOffloader | None = None) -> ActivationOffloader:
-    """Checkpoint every decoder layer of a transformers model with its input held in host memory.
 
-    Uses transformers' own per-layer hook (``GradientCheckpointingLayer`` calls the model's
-    checkpointing function) with ``ActivationOffloader.checkpoint`` as that function.
-    """
-    offloader = offloader or ActivationOffloader()
-    if not getattr(hf, "supports_gradient_checkpointing", False):
-        raise ValueError(f"{type(hf).__name__} does not support activation checkpointing")
-    hf._set_gradient_checkpointing(enable=True, gradient_checkpointing_func=offloader.checkpoint)
-    hf.activation_offloader = offloader  # superoffload.initialize binds its device to it
-    if getattr(hf.config, "use_cache", False):
-        hf.config.use_cache = False
-    return offloader
+def _plan_of(model: nn.Module) -> SequenceParallelPlan:
+    """The model's own plan (a zoo model's ``sequence_parallel_plan()``), else the transformers route for a
+    bare transformers causal LM (no loss to replace)."""
+    ask = getattr(model, "sequence_parallel_plan", None)
+    if callable(ask):
+        return ask()
+    if hasattr(model, "config") and hasattr(model, "get_decoder"):
+        return SequenceParallelPlan(loss_owner=None, transformers_model=model)
+    raise TypeError(f"enable_sequence_parallel supports superoffload's GPT, CausalLM and transformers causal "
+                    f"LMs, not {type(model).__name__}")

@@ -164,7 +164,7 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: 
 
 
 class UlyssesAttention:
-    """A pluggable attention for ``superoffload.harness.models.gpt``: ``fn(q, k, v) -> y``, all [b, s, heads, d].
+    """A pluggable attention for ``superoffload.models.gpt``: ``fn(q, k, v) -> y``, all [b, s, heads, d].
 
     Construct it once per model (``heads``/``kv_heads`` are checked against the group size then).
     """

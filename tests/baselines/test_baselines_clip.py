@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from baselines._clip import clip_sharded_grad_norm_
 from baselines._common import ensure_process_group
-from superoffload.harness.models import build_model, get_shape
+from superoffload.models import build_model, get_shape
 
 
 @pytest.mark.parametrize("max_norm", [0.05, 1e6], ids=["fires", "no-op"])

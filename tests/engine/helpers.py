@@ -9,7 +9,7 @@ import torch
 import grace_adam
 import superoffload
 from superoffload.harness.data import SyntheticData
-from superoffload.harness.models import build_model, get_shape
+from superoffload.models import build_model, get_shape
 
 DT = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 OPT = {"lr": 2e-3, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}

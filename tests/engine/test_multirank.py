@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from superoffload.engine.checkpoint import param_state
-from superoffload.harness.models import build_model, get_shape
+from superoffload.models import build_model, get_shape
 from tests.engine.multirank.launch import run_ranks
 from tests.engine.multirank.worker import OPT, SEQ, global_batch
 

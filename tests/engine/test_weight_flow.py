@@ -15,7 +15,7 @@ import torch
 
 import superoffload
 from superoffload.engine import ConfigError
-from superoffload.harness.models import build_model, get_shape
+from superoffload.models import build_model, get_shape
 from tests.engine.helpers import OPT, Schedule, assert_state_equal, batches, make_schedule, train_engine
 
 SEQ = 16

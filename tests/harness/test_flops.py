@@ -3,7 +3,7 @@
 import pytest
 
 from superoffload.harness import flops
-from superoffload.harness.models import MODELS, build_model, count_params
+from superoffload.models import MODELS, build_model, count_params
 from superoffload.shapes import ModelShape
 
 

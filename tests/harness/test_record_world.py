@@ -9,7 +9,8 @@ import jsonschema
 import pytest
 
 from superoffload.harness import record
-from superoffload.harness.runner import error_record, run_benchmark
+from superoffload.harness.record import error_record
+from superoffload.harness.runner import run_benchmark
 from superoffload.harness.system import RunConfig
 
 

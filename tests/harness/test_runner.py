@@ -83,7 +83,8 @@ def test_failures_become_records(monkeypatch, exc, status):
 @pytest.mark.parametrize("kw,msg", [
     ({"system": "nope"}, "unknown system"),
     ({"model": "gpt-999b"}, "unknown model"),
-    ({"dtype": "fp8"}, "dtype"),
+    ({"precision": "fp8"}, "precision must be one of"),
+    ({"dtype": "fp8"}, "precision must be one of"),  # the old name of RunConfig.precision
     ({"seq": 0}, "seq must be >= 1"),
     ({"warmup": -1}, "warmup"),
     ({"grad_clip": -1.0}, "grad_clip"),

@@ -169,7 +169,7 @@ def test_bench_compare_keys_on_sp() -> None:
 
 
 def test_schema_sp_fields(tmp_path: Path) -> None:
-    from superoffload.harness.runner import error_record
+    from superoffload.harness.record import error_record
 
     rec = error_record(RunConfig(system="ulysses", seq=64, world_size=4, sp=2), "no record")
     record.validate(rec)

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from superoffload.harness.models import build_model
+from superoffload.models import build_model
 from superoffload.planner import overhead as ov
 from superoffload.planner.costmodel import Workload, _Costs, predict
 from superoffload.planner.hardware import Curve, HardwareProfile

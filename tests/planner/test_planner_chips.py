@@ -81,7 +81,8 @@ def test_host_work_and_state_are_divided_by_the_chips() -> None:
     opts = Options(device_tail_buckets=0)
     one, four = _stages("superoffload", 1, opts), _stages("superoffload", 4, opts)
     # the bytes are divided; the per-bucket sync latency is not
-    latency = GH.sync_latency_s * sum(g.real_buckets for g in bk.bucket_groups(get_shape("gpt-8b"), opts.bucket_size, 0))
+    groups = bk.bucket_groups(get_shape("gpt-8b"), opts.bucket_size, 0)
+    latency = GH.sync_latency_s * sum(g.real_buckets for g in groups)
     assert four.stage_s["host_adam"] - latency == pytest.approx((one.stage_s["host_adam"] - latency) / 4, rel=1e-6)
     host = {k: v for k, v in one.memory["host"].items() if k != "reserve"}
     host4 = {k: v for k, v in four.memory["host"].items() if k != "reserve"}

@@ -19,10 +19,15 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from superoffload.harness.models import get_shape
-from superoffload.harness.models.gpt import GPT
-from superoffload.harness.models.hf import build_hf
-from superoffload.sequence import TokenNormalizedLoss, enable_sequence_parallel, ulysses_attention
+from superoffload.models import get_shape
+from superoffload.models.gpt import GPT
+from superoffload.models.hf import build_hf
+from superoffload.sequence import (
+    TokenNormalizedLoss,
+    enable_offloaded_checkpointing,
+    enable_sequence_parallel,
+    ulysses_attention,
+)
 from superoffload.shapes import ModelShape
 
 warnings.filterwarnings("ignore", category=FutureWarning)
@@ -109,9 +114,13 @@ def _sp_step(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, **sp_kwar
 def _build(name: str, seed: int = 0, ac: bool | str = False) -> torch.nn.Module:
     torch.manual_seed(seed)
     shape = get_shape(name)
-    if shape.family == "gpt":
-        return GPT(shape, max_seq=64, activation_checkpointing=ac)
-    return build_hf(shape, activation_checkpointing=ac).train()
+    offload = ac == "offload"   # host-memory checkpoints are switched on after the build
+    ac = False if offload else ac
+    model = GPT(shape, max_seq=64, activation_checkpointing=ac) if shape.family == "gpt" else \
+        build_hf(shape, activation_checkpointing=ac).train()
+    if offload:
+        enable_offloaded_checkpointing(model)
+    return model
 
 
 def _reference(name: str, x: torch.Tensor, y: torch.Tensor) -> dict[str, tuple]:

@@ -9,7 +9,7 @@ import torch
 
 import superoffload
 from superoffload.harness.data import SyntheticData
-from superoffload.harness.models import build_model, get_shape
+from superoffload.models import build_model, get_shape
 from superoffload.sequence import enable_sequence_parallel, head_weight, token_losses
 
 

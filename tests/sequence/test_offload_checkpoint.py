@@ -10,10 +10,10 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from superoffload.device import HazardError
-from superoffload.harness.models import get_shape
-from superoffload.harness.models.gpt import GPT
-from superoffload.harness.models.hf import build_hf
-from superoffload.sequence import ActivationOffloader
+from superoffload.models import get_shape
+from superoffload.models.gpt import GPT
+from superoffload.models.hf import build_hf
+from superoffload.sequence import ActivationOffloader, enable_offloaded_checkpointing
 
 BATCH, SEQ = 2, 64
 
@@ -23,10 +23,14 @@ def _build(name: str, ac, device: str = "cpu") -> torch.nn.Module:
     shape = get_shape(name)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)   # transformers' deprecated checkpointing alias
+        offload = ac == "offload"   # host-memory checkpoints are switched on after the build
+        ac = False if offload else ac
         if shape.family == "gpt":
             model = GPT(shape, max_seq=SEQ, activation_checkpointing=ac)
         else:
             model = build_hf(shape, activation_checkpointing=ac)
+        if offload:
+            enable_offloaded_checkpointing(model)
     return model.to(device).train()
 
 

@@ -79,7 +79,7 @@ def test_sp1_without_torch_distributed_and_disable(name: str) -> None:
     """Without torch.distributed the same setup runs one process; disable() restores the model exactly."""
     import torch
 
-    from superoffload.harness.models import build_model, get_shape
+    from superoffload.models import build_model, get_shape
     from superoffload.sequence import enable_sequence_parallel
 
     shape = get_shape(name)
@@ -98,7 +98,7 @@ def test_sp1_without_torch_distributed_and_disable(name: str) -> None:
 
 
 def test_enable_twice_is_an_error() -> None:
-    from superoffload.harness.models import build_model, get_shape
+    from superoffload.models import build_model, get_shape
     from superoffload.sequence import enable_sequence_parallel
 
     model = build_model(get_shape("gpt-tiny"), seq=16, seed=0)

@@ -77,7 +77,7 @@ def _git_commit() -> str | None:
 def _model_block(name: str) -> dict:
     block = {"name": name, "params": 0, "layers": 0, "hidden": 0, "heads": 0, "vocab": 0}
     try:
-        from superoffload.harness.models import get_shape
+        from superoffload.shapes import get_shape
 
         s = get_shape(name)
         block.update(

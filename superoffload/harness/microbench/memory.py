@@ -70,7 +70,7 @@ def measure(model: str, seq: int, batch: int, *, device: str = "sim", dtype: str
 
     shape = get_shape(model)
     run = RunConfig(system="superoffload", model=model, seq=seq, batch=batch, grad_accum=grad_accum,
-                    dtype=dtype, device=device, activation_checkpointing=checkpointing,
+                    precision=dtype, device=device, activation_checkpointing=checkpointing,
                     system_options=dict(options or {}))
     plan = plan_for(shape, run)
     cfg = engine_config(run, plan)
@@ -187,7 +187,7 @@ def add_cli(sub: argparse._SubParsersAction) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from superoffload.cli.bench_run import _option
+    from superoffload.harness.arguments import key_value
     from superoffload.harness.record import write_result
 
     if args.seq < 1 or args.batch < 1 or args.grad_accum < 1 or (args.loss_tile is not None and args.loss_tile < 1):
@@ -195,7 +195,7 @@ def main(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     try:
-        opts = dict(_option(o) for o in args.option)
+        opts = dict(key_value(o) for o in args.option)
     except argparse.ArgumentTypeError as e:
         print(f"superoffload bench memory: error: {e}", file=sys.stderr)
         return 2

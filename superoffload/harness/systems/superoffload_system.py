@@ -68,7 +68,7 @@ def plan_for(shape: ModelShape, run: RunConfig):
                      activation_checkpointing=bool(run.activation_checkpointing or run.offload_checkpoints),
                      grad_accum=run.grad_accum, chips=max(1, run.world_size), sp=run.sp,
                      offload_checkpoints=bool(run.offload_checkpoints), loss_tile=run.loss_tile or 0,
-                     precision=run.dtype, **run_host(run).plan_kwargs())
+                     precision=run.precision, **run_host(run).plan_kwargs())
 
 
 def run_host(run: RunConfig):
@@ -92,7 +92,7 @@ def _cast_policy(run: RunConfig) -> dict[str, str]:
     side = run.system_options["cast_policy"]
     if side not in choices_of(CastSide):
         raise ConfigError(f"cast_policy must be one of {', '.join(choices_of(CastSide))}; got {side!r}")
-    if run.dtype == "fp32":
+    if run.precision == "fp32":
         raise ConfigError("cast_policy chooses where bf16/fp16 casts happen; use --dtype bf16 or fp16")
     return {"grad_cast": side, "param_cast": side}
 
@@ -101,7 +101,7 @@ def engine_config(run: RunConfig, plan=None) -> SuperOffloadConfig:
     """The engine config a run asks for: defaults < run settings < plan < explicit options. Raises
     ConfigError."""
     explicit = {k: v for k, v in run.system_options.items() if k not in HARNESS_ONLY_OPTIONS}
-    planned: dict[str, Any] = plan.engine_options(precision=run.dtype) if plan is not None else {}
+    planned: dict[str, Any] = plan.engine_options(precision=run.precision) if plan is not None else {}
     # the token-normalized loss is already divided by the global token count: gradients are only summed
     reduction = {"gradient_reduction": "sum"} if seqh.uses_sequence_package(run) else {}
     if reduction and explicit.get("gradient_reduction", "sum") != "sum":
@@ -109,7 +109,7 @@ def engine_config(run: RunConfig, plan=None) -> SuperOffloadConfig:
                           "must be summed (gradient_reduction sum), not averaged")
     return SuperOffloadConfig.from_any({
         "optimizer": {"lr": run.lr, "betas": list(run.betas), "eps": run.eps, "weight_decay": run.weight_decay},
-        "precision": run.dtype, "grad_clip": run.grad_clip, "grad_accum": run.grad_accum,
+        "precision": run.precision, "grad_clip": run.grad_clip, "grad_accum": run.grad_accum,
         "device": run.device, "host_threads": run.host_threads if run.host_threads is not None else run.threads,
         **reduction, **planned, **_cast_policy(run), **explicit,
     })

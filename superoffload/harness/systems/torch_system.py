@@ -69,8 +69,8 @@ class TorchSystem:
         self.run = run
         self.device = get_device(run.device)
         self.model = model.to(self.device.torch_device)
-        self.dtype = torch_dtype(run.dtype)
-        self.autocast = run.dtype != "fp32"
+        self.dtype = torch_dtype(run.precision)
+        self.autocast = run.precision != "fp32"
         self.world = world_size()
         self.ddp = None
         if self.world > 1:
@@ -80,7 +80,7 @@ class TorchSystem:
         self.opt = torch.optim.AdamW(split_decay_groups(self.model, run.weight_decay), lr=run.lr,
                                      betas=run.betas, eps=run.eps,
                                      fused=True)  # fused AdamW has a CPU kernel since torch 2.4
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=run.dtype == "fp16")
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=run.precision == "fp16")
 
     def step(self, batch: Batch) -> torch.Tensor:
         dev = self.device.torch_device

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 import superoffload
-from superoffload.harness.models import build_model, get_shape
+from superoffload.models import build_model, get_shape
 
 SEQ, GLOBAL_ROWS = 16, 4  # every world size trains the same global batch; rank r takes its rows
 OPT = {"lr": 2e-3, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}

@@ -12,11 +12,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from superoffload.models.parallel import SequenceParallelPlan
 from superoffload.shapes import ModelShape
 
 
 class CausalLM(nn.Module):
-    """Adapts a `transformers` causal LM to the harness interface ``forward(idx, targets) -> loss``.
+    """Adapts a `transformers` causal LM to the zoo's interface ``forward(idx, targets) -> loss``.
 
     ``loss_fn`` (None by default: mean cross-entropy over the logits) may be set to
     ``fn(hidden, lm_head, targets) -> loss`` (the head module, so that calling it on zero tokens lets an
@@ -30,7 +31,7 @@ class CausalLM(nn.Module):
         super().__init__()
         self.model = model
         self.loss_fn: Callable[[torch.Tensor, nn.Module, torch.Tensor], torch.Tensor] | None = None
-        self.activation_offloader = None  # set by build_hf(activation_checkpointing="offload")
+        self.activation_offloader = None  # set by offload_checkpoints_to
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         if targets is not None and self.loss_fn is not None:
@@ -42,11 +43,34 @@ class CausalLM(nn.Module):
         return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.view(-1))
 
 
-def build_hf(shape: ModelShape, *, activation_checkpointing: bool | str, init_std: float = 0.02) -> nn.Module:
-    """``activation_checkpointing``: False, True (transformers' checkpointing) or "offload" (checkpoints in
-    host memory, superoffload.sequence.checkpoint; stats on the returned module's ``activation_offloader``)."""
-    if activation_checkpointing not in (False, True, "offload"):
-        raise ValueError(f"activation_checkpointing must be False, True or 'offload', got {activation_checkpointing!r}")
+    def sequence_parallel_plan(self) -> SequenceParallelPlan:
+        """The transformers route, with this wrapper's ``loss_fn`` as the loss to replace."""
+        return SequenceParallelPlan(loss_owner=self, transformers_model=self.model)
+
+    def offload_checkpoints_to(self, offloader) -> None:
+        """Checkpoint every decoder layer through ``offloader.checkpoint`` (an ``ActivationOffloader`` of
+        superoffload.sequence: the layers' inputs are held in host memory)."""
+        checkpoint_transformers_with(self.model, offloader.checkpoint)
+        self.model.activation_offloader = offloader
+        self.activation_offloader = offloader
+
+
+def checkpoint_transformers_with(hf: nn.Module, fn: Callable) -> None:
+    """Checkpoint every decoder layer of a transformers model through ``fn`` (called as
+    ``torch.utils.checkpoint.checkpoint``), with transformers' own per-layer hook
+    (``GradientCheckpointingLayer`` calls the model's checkpointing function); the KV cache is turned off."""
+    if not getattr(hf, "supports_gradient_checkpointing", False):
+        raise ValueError(f"{type(hf).__name__} does not support activation checkpointing")
+    hf._set_gradient_checkpointing(enable=True, gradient_checkpointing_func=fn)
+    if getattr(hf.config, "use_cache", False):
+        hf.config.use_cache = False
+
+
+def build_hf(shape: ModelShape, *, activation_checkpointing: bool, init_std: float = 0.02) -> nn.Module:
+    """``activation_checkpointing``: False or True (transformers' checkpointing); checkpoints in host memory:
+    ``CausalLM.offload_checkpoints_to``."""
+    if activation_checkpointing not in (False, True):
+        raise ValueError(f"activation_checkpointing must be False or True, got {activation_checkpointing!r}")
     try:
         from transformers import AutoConfig, AutoModelForCausalLM
     except ImportError as e:  # pragma: no cover - depends on the install
@@ -58,12 +82,6 @@ def build_hf(shape: ModelShape, *, activation_checkpointing: bool | str, init_st
     config = AutoConfig.for_model(model_type, initializer_range=init_std, attn_implementation="sdpa",
                                   **cfg)
     model = AutoModelForCausalLM.from_config(config)
-    if activation_checkpointing == "offload":
-        from superoffload.sequence.models import enable_offloaded_checkpointing
-
-        wrapped = CausalLM(model)
-        wrapped.activation_offloader = enable_offloaded_checkpointing(model)
-        return wrapped
     if activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return CausalLM(model)

@@ -7,8 +7,8 @@ interface every system in the harness trains.
 Hooks for sequence parallelism (``superoffload.sequence``), all off by default (then the model computes
 exactly what it did without them): ``CausalSelfAttention.attention_fn`` replaces the local attention,
 ``forward(..., position_offset=)`` shifts the learned positions to a sequence chunk's global offset,
-``GPT.loss_fn(hidden, lm_head, targets)`` replaces the mean cross-entropy, and
-``activation_checkpointing="offload"`` keeps the checkpoints in host memory.
+``GPT.loss_fn(hidden, lm_head, targets)`` replaces the mean cross-entropy (``sequence_parallel_plan()``
+names them), and ``offload_checkpoints_to(offloader)`` keeps the checkpoints in host memory.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from superoffload.models.parallel import SequenceParallelPlan
 from superoffload.shapes import ModelShape
 
 
@@ -77,20 +78,16 @@ class Block(nn.Module):
 
 class GPT(nn.Module):
     def __init__(self, shape: ModelShape, *, max_seq: int | None = None, init_std: float = 0.02,
-                 activation_checkpointing: bool | str = False) -> None:
+                 activation_checkpointing: bool = False) -> None:
         super().__init__()
-        if activation_checkpointing not in (False, True, "offload"):
-            raise ValueError(f"activation_checkpointing must be False, True or 'offload', "
-                             f"got {activation_checkpointing!r}")
+        if activation_checkpointing not in (False, True):
+            raise ValueError(f"activation_checkpointing must be False or True, got {activation_checkpointing!r} "
+                             "(host-memory checkpoints: superoffload.sequence.enable_offloaded_checkpointing)")
         self.shape = shape
         self.max_seq = max_seq or shape.max_seq
         self.activation_checkpointing = activation_checkpointing
-        # "offload": checkpointed blocks' inputs live in host memory (stats: activation_offloader.stats())
+        # set by offload_checkpoints_to: checkpointed blocks' inputs live in host memory (its stats())
         self.activation_offloader = None
-        if activation_checkpointing == "offload":
-            from superoffload.sequence.checkpoint import ActivationOffloader
-
-            self.activation_offloader = ActivationOffloader()
         # None: mean cross-entropy over the logits; else fn(hidden, lm_head module, targets) -> loss
         self.loss_fn: Callable[[torch.Tensor, nn.Module, torch.Tensor], torch.Tensor] | None = None
         self.wte = nn.Embedding(shape.vocab, shape.hidden)
@@ -101,6 +98,18 @@ class GPT(nn.Module):
         if shape.tied_embeddings:
             self.lm_head.weight = self.wte.weight
         self._init_weights(init_std)
+
+    def sequence_parallel_plan(self) -> SequenceParallelPlan:
+        """The hook route: every block's attention slot, the ``position_offset`` keyword, our ``loss_fn``."""
+        return SequenceParallelPlan(loss_owner=self, attention=tuple(blk.attn for blk in self.blocks),
+                                    heads=self.shape.heads, kv_heads=self.shape.n_kv_heads,
+                                    position_kwarg="position_offset")
+
+    def offload_checkpoints_to(self, offloader) -> None:
+        """Checkpoint every block through ``offloader.checkpoint(block, x)`` (an ``ActivationOffloader`` of
+        superoffload.sequence: the blocks' inputs are held in host memory)."""
+        self.activation_checkpointing = True
+        self.activation_offloader = offloader
 
     def _init_weights(self, std: float) -> None:
         if next(self.parameters()).is_meta:
