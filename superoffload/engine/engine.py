@@ -49,6 +49,7 @@ from superoffload.engine.buffers import StagingRing, UploadRing
 from superoffload.engine.build import BufferBuilder
 from superoffload.engine.comm import Comm
 from superoffload.engine.config import SuperOffloadConfig
+from superoffload.engine.deepspeed_names import DeepSpeedNames
 from superoffload.engine.hooks import EngineHook
 from superoffload.engine.layout import ParamPiece, ParamSlot, plan_buckets, runs
 from superoffload.engine.loss_scale import DynamicLossScale
@@ -87,7 +88,7 @@ def _to_device(model: nn.Module, device: torch.device, dtype: torch.dtype) -> nn
     return model
 
 
-class SuperOffloadEngine:
+class SuperOffloadEngine(DeepSpeedNames):
     """`optimizer`: a torch Optimizer whose param groups (the very dicts) the engine reads, as torch.optim
     does, instead of building its own over `param_groups` (superoffload.AdamW passes itself; the DeepSpeed
     way in, a view over the script's optimizer's groups). `drive`: "engine" (`engine.backward()` /
@@ -948,30 +949,6 @@ class SuperOffloadEngine:
             ckpt.publish_masters(self)
         self._versions = self._weight_versions()
 
-    # --- DeepSpeed's names, so a DeepSpeed training loop ports unchanged (docs/engine.md has the table)
-    @property
-    def module(self) -> nn.Module:
-        return self.model
-
-    @property
-    def global_steps(self) -> int:
-        return self.global_step
-
-    def get_lr(self) -> list[float]:
-        """The current learning rate of each param group."""
-        return [float(g["lr"]) for g in self.optimizer.param_groups]
-
-    def get_global_grad_norm(self) -> float:
-        """The last step's global gradient norm (after unscaling; nan before the first step or after a
-        non-finite step)."""
-        return self.last_grad_norm
-
-    def is_gradient_accumulation_boundary(self) -> bool:
-        return self.is_boundary
-
-    def gradient_accumulation_steps(self) -> int:
-        return self.config.grad_accum
-
     def save_checkpoint(self, save_dir: str, tag: str | None = None, client_state: dict | None = None,
                         save_latest: bool = True) -> str:
         """This rank's `state_dict()`, the model's buffers and frozen parameters, and `client_state` into
@@ -985,26 +962,6 @@ class SuperOffloadEngine:
         the same world size, every rank's files at another. `weights_only`: the model's weights (the fp32
         masters) and buffers only; the optimizer's moments and steps stay. Returns (path, client_state)."""
         return ckpt.load_checkpoint(self, load_dir, tag, weights_only=weights_only, strict=strict)
-
-    # --- more of DeepSpeed's engine names
-    @property
-    def local_rank(self) -> int:
-        import os
-
-        return int(os.environ.get("LOCAL_RANK", "0"))
-
-    @property
-    def global_rank(self) -> int:
-        return self.comm.rank
-
-    @property
-    def world_size(self) -> int:
-        return self.comm.world
-
-    def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
-        """Say whether the next backward() ends an accumulation window, instead of counting to grad_accum
-        (DeepSpeed's: set it before each forward/backward; the last one True, then step() once)."""
-        self._boundary_override = bool(is_boundary)
 
     @property
     def stats(self) -> dict[str, Any]:
