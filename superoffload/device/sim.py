@@ -368,10 +368,6 @@ class SimDevice(Device):
         self.ledger.host_free("pinned" if pinned else "pageable", category, buf.numel(), buf.numel())
         self.hb.unregister(buf.data_ptr())
 
-    def register_weights(self, t: torch.Tensor, label: str) -> None:
-        """A device buffer allocated outside `empty` (none today) joins the checks."""
-        self._register(t, "device", label)
-
     def to_host(self, t: torch.Tensor) -> torch.Tensor:
         self._host_waits(self._current(), "read of a device value on the host")
         with self._untracked():

@@ -420,10 +420,6 @@ class Bucket:
         label = "rollback_s" if speculated else "host_step_s"
         ctx.counters.add(**{label: time.perf_counter() - t0})
 
-    @property
-    def commit_pending(self) -> bool:
-        return self._commit_pending is not None
-
     def commit_state(self) -> None:
         """The deferred commit pass of a committed speculation: master, m and v written in place from the
         same inputs and arithmetic the speculative pass used (so bit-identical to what was published)."""

@@ -62,7 +62,7 @@ def _ranges(owned: Owned) -> list[tuple[int, int]]:
 
 
 def engine_state_dict(eng: SuperOffloadEngine) -> dict[str, Any]:
-    if eng._backward_done:
+    if eng.step_state.backward_done:
         raise RuntimeError("state_dict() was called between backward() and step(): this step's gradients are "
                            "already in the engine's buffers; call engine.step() first, then save")
     eng.synchronize()
@@ -77,7 +77,7 @@ def engine_state_dict(eng: SuperOffloadEngine) -> dict[str, Any]:
             ranges = _ranges(parts)
         else:  # before the layout is measured: the full master, moments not started
             ranges = [(0, s.numel)]
-            entry = {"master": eng._pending_master[s.index].clone(),
+            entry = {"master": eng.pending_master(s).clone(),
                      "exp_avg": torch.zeros(s.numel), "exp_avg_sq": torch.zeros(s.numel)}
         entry.update(ranges=ranges, numel=s.numel, shape=tuple(s.shape), step=eng.steps[s.index])
         params[s.name] = entry
@@ -85,11 +85,11 @@ def engine_state_dict(eng: SuperOffloadEngine) -> dict[str, Any]:
         "version": VERSION, "world_size": eng.comm.world, "rank": eng.comm.rank, "params": params,
         "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in eng.optimizer.param_groups],
         "loss_scale": eng.loss_scale.state_dict(), "global_step": eng.global_step, "micro": eng.micro,
-        "window_micros": eng._window_micros,
+        "window_micros": eng.window_micros,
         # the measured gradient-arrival order, so a resumed run builds the same buckets
         "arrival_order": [eng.slots[i].name for i in eng.order], "layout_measured": eng.layout_measured,
     }
-    if eng._window_micros:
+    if eng.window_micros:
         # mid-accumulation: the gradients of this rank's micro-batches so far (a resume continues the window)
         sd["partial_grads"] = {s.name: s.param.grad.detach().to("cpu").clone()
                                for s in eng.slots if s.param.grad is not None}
@@ -199,15 +199,15 @@ def load_engine_state_dict(eng: SuperOffloadEngine, sd: dict[str, Any] | Sequenc
     for g, saved_g in zip(eng.optimizer.param_groups, sds[0]["param_groups"], strict=True):
         g.update(saved_g)
     eng.loss_scale.load_state_dict(sds[0]["loss_scale"])
-    eng.global_step, eng.micro = int(sds[0]["global_step"]), int(sds[0]["micro"])
-    eng._window_micros = int(sds[0].get("window_micros", eng.micro % eng.config.grad_accum))
+    micro = int(sds[0]["micro"])
+    eng.restore_progress(sds[0]["global_step"], micro, sds[0].get("window_micros", micro % eng.config.grad_accum))
     with torch.no_grad():
         for s in eng.slots:
             s.param.grad = None
         for name, g in sds[0].get("partial_grads", {}).items():
             p = eng.slots[by_name[name]].param
             p.grad = g.to(device=p.device, dtype=p.dtype)
-    eng._versions = eng._weight_versions()
+    eng.weights_written()
 
 
 def prepare_layout(eng: SuperOffloadEngine, sd: dict[str, Any]) -> None:
@@ -216,7 +216,7 @@ def prepare_layout(eng: SuperOffloadEngine, sd: dict[str, Any]) -> None:
     order = [by_name[n] for n in sd.get("arrival_order", []) if n in by_name]
     measured = bool(sd.get("layout_measured", False)) and sorted(order) == list(range(len(eng.slots)))
     if measured and not eng.layout_measured:
-        eng._build_layout(order)
+        eng.build_layout(order)
     elif measured and order != eng.order:
         log.warning("resuming into a different bucket layout than the checkpoint's: the state is exact, but the "
                     "gradient norm is summed in another order, so clipping may differ in the last bits")
@@ -241,8 +241,7 @@ def _write_state(eng: SuperOffloadEngine, own: dict[str, Any] | None, full: dict
         for s in eng.slots:
             if s.index not in owned:  # before the layout: the pending master is the whole parameter
                 src = own["params"][s.name] if own is not None else full[s.name]
-                eng._pending_master[s.index] = src["master"].reshape(-1).to(torch.float32).clone()
-                s.param.data.copy_(eng._pending_master[s.index].view(s.shape))
+                eng.write_master(s, src["master"])
                 continue
             at = 0  # own: where the range starts in the dict's concatenated tensors
             for a, e, ts in owned[s.index]:

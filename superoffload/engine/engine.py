@@ -42,25 +42,24 @@ from superoffload.engine.bucket import (
     BucketContext,
     Counters,
     Finalize,
-    HostBuffers,
     HyperParams,
     Speculation,
 )
-from superoffload.engine.buffers import ArenaRequest, HostArena, StagingRing, UploadRing, aligned_bytes
+from superoffload.engine.buffers import StagingRing, UploadRing
+from superoffload.engine.build import BufferBuilder
 from superoffload.engine.comm import Comm
-from superoffload.engine.config import ConfigError, SuperOffloadConfig
+from superoffload.engine.config import SuperOffloadConfig
+from superoffload.engine.deepspeed_names import DeepSpeedNames
 from superoffload.engine.hooks import EngineHook
-from superoffload.engine.layout import BucketLayout, ParamPiece, ParamSlot, plan_buckets, runs
+from superoffload.engine.layout import ParamPiece, ParamSlot, plan_buckets, runs
 from superoffload.engine.loss_scale import DynamicLossScale
 from superoffload.engine.optimizer import OffloadOptimizer
 from superoffload.engine.params import build_param_groups
 from superoffload.engine.plain_loop import PlainLoop
+from superoffload.engine.step_state import StepState
 from superoffload.engine.weight_flow import WeightFlow, flow_segments
 from superoffload.engine.worker import HostWorker, NonFiniteError
 from superoffload.options import torch_dtype
-from superoffload.packing import ShapeTensor, chains
-from superoffload.planner.presets import physical_memory_bytes
-from superoffload.units import nbytes
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +88,7 @@ def _to_device(model: nn.Module, device: torch.device, dtype: torch.dtype) -> nn
     return model
 
 
-class SuperOffloadEngine:
+class SuperOffloadEngine(DeepSpeedNames):
     """`optimizer`: a torch Optimizer whose param groups (the very dicts) the engine reads, as torch.optim
     does, instead of building its own over `param_groups` (superoffload.AdamW passes itself; the DeepSpeed
     way in, a view over the script's optimizer's groups). `drive`: "engine" (`engine.backward()` /
@@ -105,6 +104,46 @@ class SuperOffloadEngine:
         self.backend = get_device(cfg.device, cfg.hbm_budget_bytes)
         self.comm = Comm.create(process_group)
         self.dtype = torch_dtype(cfg.precision)
+        groups = self._collect_params(model, optimizer, param_groups)
+        self.order = list(reversed(range(len(self.slots))))  # provisional: the usual arrival order
+        # fp32 masters come from the weights as given, before the device copy is cast to `precision`;
+        # each moves into its bucket's host state when the bucket is created (the builder takes them)
+        self._pending_master: dict[int, torch.Tensor] = {}
+        self.builder = BufferBuilder(self.backend, cfg, self.comm, self.dtype, ctx=None,
+                                     pending_master=self._pending_master)
+        self._flow_segment = flow_segments(model, cfg)  # a flowed parameter's block, by id (weight_flow.py)
+        self._check_budgets()  # before anything is moved, cast or allocated
+        self._pending_master.update({s.index: s.param.detach().to("cpu", torch.float32).reshape(-1).clone()
+                                     for s in self.slots})
+        self.model = _to_device(model, self.backend.torch_device, self.dtype)
+        offloader = getattr(model, "activation_offloader", None)  # checkpoints in host memory (sequence/)
+        if offloader is not None and hasattr(offloader, "use_device"):
+            offloader.use_device(self.backend)
+        self.optimizer: torch.optim.Optimizer = optimizer if optimizer is not None else OffloadOptimizer(self, groups)
+        self._init_runtime()
+        self.flow: WeightFlow | None = None
+        self._flow_buckets: list[Bucket] = []
+        if cfg.flow_layers:  # flowed blocks are laid out now: their weights flow from the first step
+            self.flow = WeightFlow(self.model, cfg, self.backend, self.comm, self.worker, self.slots)
+            self.ctx.flow_sink = self.flow
+            self.flow.check_tail_window(self.order, cfg.device_tail_buckets, cfg.bucket_size, measured=False)
+            self._flow_buckets = self.builder.create(self.flow.layouts(self.comm.world))
+            self._bucket_of.update({id(pc): b for b in self._flow_buckets for pc in b.slots})
+            self.flow.start(self._flow_buckets)
+        self._install_hooks()
+        self._plain: PlainLoop | None = PlainLoop(self) if drive == "plain" else None
+        # parameters the engine does not train that could still get a gradient: frozen when it was built
+        # (those of the optimizer's groups when a plain loop drives it, else the model's)
+        names = {id(p): n for n, p in model.named_parameters()}
+        owned = {id(s.param) for s in self.slots}
+        candidates = ([p for g in optimizer.param_groups for p in g["params"]] if drive == "plain" and optimizer
+                      else list(model.parameters()))
+        self._unowned = [(names.get(id(p), "?"), p) for p in dict.fromkeys(candidates) if id(p) not in owned]
+
+    def _collect_params(self, model: nn.Module, optimizer: torch.optim.Optimizer | None,
+                        param_groups: Any) -> list[dict[str, Any]]:
+        """The trained parameters (`slots`) and their groups, checked equal on every rank and finite."""
+        cfg = self.config
         if optimizer is not None:
             groups = build_param_groups(model, cfg, optimizer.param_groups, as_torch=True)
         else:
@@ -119,19 +158,11 @@ class SuperOffloadEngine:
         # host_threads may differ (each rank's share of its host's cores)
         self.comm.check_same("the engine config", {k: v for k, v in cfg.to_dict().items() if k != "host_threads"})
         _check_finite_weights(self.slots)
-        self.order = list(reversed(range(len(self.slots))))  # provisional: the usual arrival order
-        self._arenas: list[HostArena] = []
-        self._flow_segment = flow_segments(model, cfg)  # a flowed parameter's block, by id (weight_flow.py)
-        self._check_budgets()  # before anything is moved, cast or allocated
-        # fp32 masters come from the weights as given, before the device copy is cast to `precision`;
-        # each moves into its bucket's host state when the bucket is created
-        self._pending_master = {s.index: s.param.detach().to("cpu", torch.float32).reshape(-1).clone()
-                                for s in self.slots}
-        self.model = _to_device(model, self.backend.torch_device, self.dtype)
-        offloader = getattr(model, "activation_offloader", None)  # checkpoints in host memory (sequence/)
-        if offloader is not None and hasattr(offloader, "use_device"):
-            offloader.use_device(self.backend)
-        self.optimizer: torch.optim.Optimizer = optimizer if optimizer is not None else OffloadOptimizer(self, groups)
+        return groups
+
+    def _init_runtime(self) -> None:
+        """The worker, streams, counters and the state of steps and buckets, before any is built."""
+        cfg = self.config
         self.steps = [0] * len(self.slots)
         self.loss_scale = DynamicLossScale(cfg.loss_scale, enabled=cfg.precision == "fp16")
         self.worker = HostWorker(self.backend)
@@ -144,8 +175,7 @@ class SuperOffloadEngine:
         self.micro = 0  # backward() calls so far
         self._window_micros = 0  # backward() calls in the current accumulation window
         self._boundary_override: bool | None = None  # set_gradient_accumulation_boundary()
-        self._norm: tuple[float, int] | None = None  # this step's (Σ norm², non-finite count), once reduced
-        self._step_clip: float | None = None  # a clip threshold asked for this step (clip_grad_norm_)
+        self.step_state = StepState()
         self.global_step = 0
         self.last_grad_norm = float("nan")  # the global gradient norm of the last step (after unscaling)
         self.last_step_applied: bool | None = None  # False: the last step was skipped (non-finite gradients)
@@ -155,30 +185,24 @@ class SuperOffloadEngine:
         self.layout_measured = False
         self.buckets: list[Bucket] = []
         self._module_buckets: dict[nn.Module, list[Bucket]] = {}
-        self._home: dict[int, torch.Tensor] = {}  # a resident parameter's flat view of its buckets' weights
+        self._bucket_of: dict[int, Bucket] = {}  # id(piece) -> the bucket holding it
         self._grad_gen = [0] * len(self.slots)  # bumped when a parameter's gradient is released (_launch)
         self._adopted: set[int] = set()  # parameters whose gradient a launch took and has not yet released
         self.ring: StagingRing | None = None
         self.upload_ring: UploadRing | None = None
         self.norms: torch.Tensor | None = None
         self._upload_stage: torch.Tensor | None = None
-        self._arrival: list[int] = []
-        self._next_launch = 0
-        self._boundary = self._speculating = self._backward_done = self._needs_zero_grad = False
         self._broken = ""
         self.ctx = BucketContext(
             device=self.backend, comm=self.comm, worker=self.worker, counters=self.counters, dtype=self.dtype,
             optimizer=cfg.optimizer, host_optimizer=cfg.host_optimizer, host_threads=cfg.host_threads,
             full_copy=cfg.rollback_mode == "full_copy", upload_stream=self.upload_stream,
             upload_staging=self._upload_staging)
-        self.flow: WeightFlow | None = None
-        self._flow_buckets: list[Bucket] = []
-        if cfg.flow_layers:
-            self.flow = WeightFlow(self.model, cfg, self.backend, self.comm, self.worker, self.slots)
-            self.ctx.flow_sink = self.flow
-            self.flow.check_tail_window(self.order, cfg.device_tail_buckets, cfg.bucket_size, measured=False)
-            self._flow_buckets = self._create_buckets(self.flow.layouts(self.comm.world))
-            self.flow.start(self._flow_buckets)
+        self.builder.ctx = self.ctx
+
+    def _install_hooks(self) -> None:
+        """Gradient-ready hooks per parameter, a forward pre-hook per module that owns parameters (it
+        waits for their buckets), and the model's own (usability, load_state_dict, state_dict)."""
         self._hooks = [s.param.register_post_accumulate_grad_hook(EngineHook(self._on_grad)) for s in self.slots]
         self._hooks += [m.register_forward_pre_hook(EngineHook(self._pre_forward)) for m in self.model.modules()
                         if any(id(p) in self._slot_of for p in m.parameters(recurse=False))]
@@ -186,18 +210,13 @@ class SuperOffloadEngine:
         self._hooks.append(self.model.register_load_state_dict_pre_hook(EngineHook(self._before_model_load)))
         self._hooks.append(self.model._register_state_dict_hook(EngineHook(self._model_state_dict_hook)))
         self._versions = self._weight_versions()
-        self._plain: PlainLoop | None = PlainLoop(self) if drive == "plain" else None
-        # parameters the engine does not train that could still get a gradient: frozen when it was built
-        # (those of the optimizer's groups when a plain loop drives it, else the model's)
-        owned = {id(s.param) for s in self.slots}
-        candidates = ([p for g in optimizer.param_groups for p in g["params"]] if drive == "plain" and optimizer
-                      else list(model.parameters()))
-        self._unowned = [(names.get(id(p), "?"), p) for p in dict.fromkeys(candidates) if id(p) not in owned]
 
     # ============================================================================================
     # layout: measured on the first step, then built once
     # ============================================================================================
-    def _build_layout(self, order: list[int]) -> None:
+    def build_layout(self, order: list[int]) -> None:
+        """Build the buckets and every buffer for a gradient-arrival order (parameter indices; measured on
+        the first step, or a checkpoint's): once per engine."""
         cfg = self.config
         order = self.comm.broadcast_object(order)  # rank 0 decides; everyone builds the same buckets
         segment = self.flow.segment_of if self.flow is not None else None
@@ -210,13 +229,14 @@ class SuperOffloadEngine:
             self.flow.check_tail(layouts)
         created = {id(b.layout): b for b in self._flow_buckets}
         self._check_budgets([lay for lay in layouts if id(lay) not in created])
-        new = self._create_buckets([lay for lay in layouts if id(lay) not in created])
+        new = self.builder.create([lay for lay in layouts if id(lay) not in created])
+        self._bucket_of.update({id(pc): b for b in new for pc in b.slots})
         created.update({id(b.layout): b for b in new})
         self.buckets = [created[id(lay)] for lay in layouts]
         self.order, self.layout_measured = order, True
         self.norms = self.backend.zeros(len(self.buckets), torch.float64, "staging")
-        self._ensure_ring(self.buckets)
-        self._ensure_upload_ring(self.buckets)
+        self.ring = self.builder.staging_ring(self.buckets)
+        self.upload_ring = self.builder.upload_ring(self.buckets)
         if self.dtype != torch.float32 and cfg.param_cast == "device" and not self.backend.shares_host_memory:
             self._upload_stage = self.backend.empty(max(b.shard_numel for b in self.buckets), torch.float32,
                                                    "staging")
@@ -237,7 +257,7 @@ class SuperOffloadEngine:
             return
         cfg = SuperOffloadConfig.from_any({**self.config.to_dict(), **updates})
         self.comm.check_same("the engine config", {k: v for k, v in cfg.to_dict().items() if k != "host_threads"})
-        self.config = cfg
+        self.config = self.builder.config = cfg
         self.ctx.host_optimizer, self.ctx.host_threads = cfg.host_optimizer, cfg.host_threads
         self.ctx.full_copy = cfg.rollback_mode == "full_copy"
         self._recent_rollbacks = collections.deque(maxlen=cfg.speculation_policy.window)
@@ -245,245 +265,14 @@ class SuperOffloadEngine:
         if self.flow is not None:
             self.flow.check_tail_window(self.order, cfg.device_tail_buckets, cfg.bucket_size, measured=False)
 
-    def _provisional_layouts(self) -> list[BucketLayout]:
-        """The buckets the provisional arrival order gives (the real order is measured on the first step),
-        packed from stand-ins for the parameters so that no engine state changes: what the checks made
-        before any work price."""
-        segment = {s.name: self._flow_segment.get(id(s.param)) for s in self.slots}
-        stand_ins = [ShapeTensor(s.name, s.numel, s.group) for s in self.slots]
-        return plan_buckets(stand_ins, self.order, self.config.bucket_size, self.config.device_tail_buckets,
-                            self.comm.world, segment=lambda t: segment[t.name])
-
     def _check_budgets(self, layouts: list[Any] | None = None) -> None:
-        """The device tail and the host buffers must fit their budgets: checked at initialize on the
-        provisional layout (before any work) and again on the measured one (`layouts`, the buckets still
-        to build)."""
-        layouts = self._provisional_layouts() if layouts is None else layouts
-        self._check_tail_budget(layouts)
-        self._check_host_budget(layouts)
-
-    def _check_host_budget(self, layouts: list[Any]) -> None:
-        """What the engine's host buffers for `layouts` (and those it already holds) need against
-        `host_budget_bytes` (default: this machine's physical memory): an error naming the settings that
-        would make them fit, before anything is allocated."""
-        cfg = self.config
-        pinned, pageable = self._new_arenas()
-        reqs, stores = self._request_buffers(layouts, pinned, pageable)
-        need: dict[str, int] = collections.Counter()
-        for r in reqs.values():
-            for key in ("state", "spare", "landing", "upload", "norm"):
-                for one in (r[key] if isinstance(r[key], list) else [r[key]] if r[key] is not None else []):
-                    need[key] += aligned_bytes(one)
-        need["flow stores"] = sum(aligned_bytes(req) for req in {id(v[0]): v[0] for v in stores.values()}.values())
-        host = [lay for lay in layouts if not lay.on_device]
-        if cfg.upload_slots and host:
-            width = max(lay.padded // self.comm.world for lay in host)
-            need["upload"] += cfg.upload_slots * aligned_bytes(ArenaRequest(width, self._upload_dtype()))
-        held = sum(a.nbytes for a in self._arenas)
-        total = held + sum(need.values())
-        budget = cfg.host_budget_bytes or physical_memory_bytes()
-        if total <= budget:
-            return
-        names = {"state": "fp32 master, m, v", "spare": "full_copy spare state", "landing": "gradient landing",
-                 "upload": "weight upload", "norm": "norms", "flow stores": "flowed weights"}
-        parts = ", ".join(f"{names[k]} {nbytes(v)}" for k, v in sorted(need.items(), key=lambda kv: -kv[1]) if v)
-        hints = []
-        if need["upload"] and not cfg.upload_slots:
-            hints.append(f"upload_slots: 2 (two pinned slots instead of {nbytes(need['upload'])} of upload buffers)")
-        if self.dtype != torch.float32 and self._grad_dtype() == torch.float32:
-            hints.append(f"grad_cast: host (gradients land in {cfg.precision}: half of "
-                         f"{nbytes(need['landing'])})")
-        if need["spare"]:
-            hints.append(f"rollback_mode: deferred (no spare state: {nbytes(need['spare'])})")
-        if cfg.device_tail_buckets < len(layouts):
-            hints.append("more device_tail_buckets (their state lives on the device)")
-        hints.append("more ranks (each holds 1/W of the state)")
-        where = "host_budget_bytes" if cfg.host_budget_bytes else "this machine's physical memory"
-        raise ConfigError(f"the engine's host buffers need {nbytes(total)} ({parts}"
-                          f"{f', already allocated {nbytes(held)}' if held else ''}), more than {where} "
-                          f"({nbytes(budget)}); to fit, set {'; or '.join(hints)}; or raise host_budget_bytes")
-
-    def _upload_dtype(self) -> torch.dtype:
-        lowp = self.dtype != torch.float32
-        return self.dtype if lowp and self.config.param_cast == "host" else torch.float32
-
-    def _check_tail_budget(self, layouts: list[Any]) -> None:
-        per_elem = 4 * (5 if self.config.optimizer.amsgrad else 4)  # fp32 master, m, v, (vmax), grad shard
-        tail = sum(lay.padded // self.comm.world * per_elem for lay in layouts if lay.on_device)
-        if tail > self.backend.hbm_budget_bytes:
-            raise ConfigError(f"device_tail_buckets={self.config.device_tail_buckets} needs {tail} B of device "
-                              f"memory for grads + Adam state, budget is {self.backend.hbm_budget_bytes} B; "
-                              f"lower device_tail_buckets or bucket_size")
-
-    def _create_buckets(self, layouts: list[BucketLayout]) -> list[Bucket]:
-        """Buffers for `layouts` (host ones from two exact-size arenas), filled from the pending masters
-        and the current weights; resident parameters become views of their bucket's flat device buffer."""
-        if not layouts:
-            return []
-        pinned, pageable = self._new_arenas()
-        reqs, stores = self._request_buffers(layouts, pinned, pageable)
-        pinned.allocate()
-        pageable.allocate()
-        self._arenas += [pinned, pageable]
-        homes = self._device_homes([lay for lay in layouts if lay.flow_block is None])
-        for key, (req, a, e) in stores.items():  # a flowed bucket's home: its part of its chain's host store
-            homes[key] = req.tensor[a:e]
-        buckets = [self._make_bucket(lay, reqs.get(id(lay)), homes[id(lay)]) for lay in layouts]
-        self._view_homes([lay for lay in layouts if lay.flow_block is None], homes)
-        return buckets
-
-    def _new_arenas(self) -> tuple[HostArena, HostArena]:
-        """(pinned: what crosses the link, pageable: the optimizer state)."""
-        dev = self.backend
-        return (HostArena(dev, pinned=not dev.shares_host_memory, category="transfer"),
-                HostArena(dev, pinned=False, category="optimizer_state"))
-
-    def _request_buffers(self, layouts: list[Any], pinned: HostArena,
-                         pageable: HostArena) -> tuple[dict[int, dict[str, Any]], dict[int, tuple[Any, int, int]]]:
-        """Every host buffer `layouts` need, requested from the two arenas: per host bucket (id(layout) ->
-        its requests) and the flowed buckets' stores (`_flow_store_requests`)."""
-        dev, cfg, comm = self.backend, self.config, self.comm
-        grad_dtype, up_dtype = self._grad_dtype(), self._upload_dtype()
-        full_copy = cfg.rollback_mode == "full_copy"
-        reqs: dict[int, dict[str, Any]] = {}
-        stores = self._flow_store_requests(layouts, pinned)
-        for lay in layouts:
-            if lay.on_device:
-                continue
-            lo, hi = lay.shard(comm.rank, comm.world)
-            n = hi - lo
-            state = 4 if cfg.optimizer.amsgrad else 3
-            # with a shared memory device and one rank, the flatten writes the landing buffer directly
-            landing_n = lay.padded if dev.shares_host_memory and not comm.active else n
-            reqs[id(lay)] = {
-                "state": [pageable.request(n, torch.float32) for _ in range(state)],
-                "spare": [pageable.request(n, torch.float32) for _ in range(state)] if full_copy else None,
-                "landing": (pageable if dev.shares_host_memory else pinned).request(landing_n, grad_dtype),
-                "upload": pinned.request(n, up_dtype) if cfg.upload_slots == 0 else None,
-                "norm": pinned.request(1, torch.float64)}
-        return reqs, stores
-
-    def _flow_store_requests(self, layouts: list[Any], arena: HostArena) -> dict[int, tuple[Any, int, int]]:
-        """Flowed buckets' host stores (this rank's shard of their weights): one request per chain, so at
-        one rank a split parameter's stored weights are contiguous too. id(layout) -> (request, start, end)."""
-        out: dict[int, tuple[Any, int, int]] = {}
-        for chain in chains([lay for lay in layouts if lay.flow_block is not None]):
-            sizes = [lay.padded // self.comm.world for lay in chain]
-            req = arena.request(sum(sizes), self.dtype)
-            base = 0
-            for lay, n in zip(chain, sizes, strict=True):
-                out[id(lay)] = (req, base, base + n)
-                base += n
-        return out
-
-    def _device_homes(self, layouts: list[BucketLayout]) -> dict[int, torch.Tensor]:
-        """Each resident bucket's flat device weights. Buckets a split parameter spans share one
-        allocation (`superoffload.packing.chains`), so the parameter is one view across them."""
-        homes: dict[int, torch.Tensor] = {}
-        for chain in chains(layouts):
-            flat = self.backend.zeros(sum(lay.padded for lay in chain), self.dtype, "weights")
-            base = 0
-            for lay in chain:
-                homes[id(lay)] = flat[base: base + lay.padded]
-                base += lay.padded
-        return homes
-
-    def _view_homes(self, layouts: list[BucketLayout], homes: dict[int, torch.Tensor]) -> None:
-        """Resident parameters become views of their buckets' device weights (holding their values)."""
-        with torch.no_grad():
-            for lay in layouts:
-                for pc in lay.slots:
-                    homes[id(lay)][pc.offset: pc.offset + pc.numel].copy_(
-                        pc.param.data.reshape(-1)[pc.start: pc.start + pc.numel])
-            for lay in layouts:
-                for pc in lay.slots:
-                    if pc.start == 0:  # the first piece: the view starts here and runs on through the chain
-                        s = pc.tensor
-                        home = homes[id(lay)]
-                        flat = home.as_strided((s.numel,), (1,), home.storage_offset() + pc.offset)
-                        self._home[s.index] = flat
-                        s.param.data = flat.view(s.shape)
-
-    def _make_bucket(self, lay: BucketLayout, req: dict[str, Any] | None, home: torch.Tensor) -> Bucket:
-        dev, comm = self.backend, self.comm
-        lo, hi = lay.shard(comm.rank, comm.world)
-        n = hi - lo
-        host = tail = None
-        if req is None:  # a device tail bucket
-            amsgrad = self.config.optimizer.amsgrad
-            tail = {k: dev.zeros(n, torch.float32, "tail_state")
-                    for k in ("master", "exp_avg", "exp_avg_sq", "grad", *(["max_exp_avg_sq"] if amsgrad else []))}
-            master = tail["master"]
-        else:
-            st = [r.tensor for r in req["state"]]
-            for t in st:
-                t.zero_()
-            host = HostBuffers(master=st[0], exp_avg=st[1], exp_avg_sq=st[2],
-                               max_exp_avg_sq=st[3] if len(st) > 3 else None,
-                               spare=[r.tensor for r in req["spare"]] if req["spare"] is not None else None,
-                               landing=req["landing"].tensor,
-                               upload=req["upload"].tensor if req["upload"] is not None else None,
-                               norm_host=req["norm"].tensor)
-            host.norm_host.zero_()
-            if host.upload is not None:
-                host.upload.zero_()
-            master = host.master
-        with torch.no_grad():
-            for pc in lay.slots:  # this rank's part of each piece's fp32 master
-                if (o := pc.overlap(lo, hi)) is not None:
-                    a, b, start = o
-                    master[a - lo: b - lo].copy_(self._pending_master[pc.index][start: start + b - a])
-            for pc in lay.slots:
-                if pc.last:  # the other pieces of a split parameter are in earlier buckets
-                    self._pending_master.pop(pc.index, None)
-            if lay.flow_block is not None:  # the host store: this rank's shard of the bucket's weights
-                self._fill_shard(home, lay, lo, hi)
-        return Bucket(lay, self.ctx, home, host, tail)
-
-    @staticmethod
-    def _fill_shard(dst: torch.Tensor, lay: BucketLayout, lo: int, hi: int) -> None:
-        dst.zero_()
-        for pc in lay.slots:
-            if (o := pc.overlap(lo, hi)) is not None:
-                a, b, start = o
-                dst[a - lo: b - lo].copy_(pc.param.data.reshape(-1)[start: start + b - a])
-
-    def _ensure_ring(self, buckets: list[Bucket]) -> None:
-        """The staging ring holds the largest host bucket's flat gradient (and, with several ranks, its
-        reduced shard) on its way to the host (not needed when the device is the host and one rank)."""
-        dev, cfg, comm = self.backend, self.config, self.comm
-        need = [b for b in buckets if b.host is not None or comm.active]
-        if not need or (dev.shares_host_memory and not comm.active):
-            return
-        numel = max(b.layout.padded for b in need)
-        dtype = self._grad_dtype()
-        # several ranks: the reduce-scatter's output is a slot of its own, except where it can land in the
-        # host buffer directly (a device that is the host) and tail buckets' fp32 gradients take it as is
-        self.ring = StagingRing(dev, cfg.staging_buffers, numel, numel // comm.world, dtype,
-                                separate_shard=comm.active and (not dev.shares_host_memory or dtype != torch.float32))
-
-    def _ensure_upload_ring(self, buckets: list[Bucket]) -> None:
-        """With `upload_slots` = k > 0: k pinned slots of the largest host shard, in the dtype weights
-        cross the link in. Publish order is forward order (the last-arriving host bucket first, see
-        `_validate_and_apply`); the first k buckets in it may speculate into their slot."""
-        host = [b for b in buckets if b.host is not None and b.host.upload is None]
-        if not host:
-            return
-        # flowed blocks' buckets are built at initialize: a reconfigure (the plan) that changed upload_slots
-        # after that leaves them as they were built, with their own buffers or, turned off, a 2-slot ring
-        k = self.config.upload_slots or 2
-        self.upload_ring = UploadRing(self.backend, k, max(b.shard_numel for b in host), self._upload_dtype())
-        self._arenas.append(self.upload_ring.arena)
-        for p, b in enumerate(reversed(host)):
-            b.use_upload_ring(self.upload_ring, p % k, speculate=p < k)
-
-    def _grad_dtype(self) -> torch.dtype:
-        """The dtype gradients are flattened, reduced and moved to the host in: the training precision with
-        `grad_cast: host` (the host kernel casts; with several ranks the reduce-scatter sums in it, as
-        DeepSpeed's default communication_data_type and DDP on a bf16 model do), else fp32 (cast on the
-        device before any reduction)."""
-        lowp = self.dtype != torch.float32
-        return self.dtype if lowp and self.config.grad_cast == "host" else torch.float32
+        """The device tail and the host buffers must fit their budgets (`build.py`): checked at initialize
+        on the provisional layout (before any work) and again on the measured one (`layouts`, the buckets
+        still to build)."""
+        if layouts is None:
+            layouts = BufferBuilder.provisional_layouts(self.slots, self.order, self.config, self.comm.world,
+                                                        lambda s: self._flow_segment.get(id(s.param)))
+        self.builder.check_budgets(layouts)
 
     def _upload_staging(self, numel: int) -> torch.Tensor:
         """The device fp32 buffer a param_cast "device" return lands in before its cast on the device
@@ -552,7 +341,7 @@ class SuperOffloadEngine:
         """
         self._check_usable()
         self._check_native("step()")
-        if not self._backward_done:
+        if not self.step_state.backward_done:
             if self._window_micros:
                 return False  # between accumulation micro-batches, as DeepSpeed's step()
             raise RuntimeError("engine.step() at an accumulation boundary needs engine.backward() first")
@@ -565,7 +354,7 @@ class SuperOffloadEngine:
             self._adopt_user_weight_changes()
             applied = self._validate_and_apply()
             self.optimizer._opt_called = True  # tell torch LR schedulers an optimizer step happened
-            self._backward_done = False
+            self.step_state.backward_done = False
             self.global_step += 1
             self.last_step_applied = applied
             if self.flow is not None:
@@ -586,7 +375,7 @@ class SuperOffloadEngine:
         self._drop_grads()
         self.micro -= self._window_micros
         self._window_micros = 0
-        self._needs_zero_grad = False
+        self.step_state.needs_zero_grad = False
 
     def _check_unowned_grads(self) -> None:
         """A parameter frozen when the engine was built that now has a gradient: torch (an optimizer over
@@ -646,10 +435,10 @@ class SuperOffloadEngine:
 
     def _check_ready_for_backward(self) -> None:
         self._check_usable()
-        if self._needs_zero_grad:
+        if self.step_state.needs_zero_grad:
             raise RuntimeError("the last engine.backward() raised before it finished; call engine.zero_grad() "
                                "to discard that accumulation window, then continue training")
-        if self._backward_done:
+        if self.step_state.backward_done:
             raise RuntimeError(f"engine.backward() was called {self.config.grad_accum} time(s) since the last "
                                f"step (grad_accum: {self.config.grad_accum}) and once more now; call engine.step() "
                                f"after each accumulation window, or raise grad_accum to accumulate more "
@@ -659,14 +448,8 @@ class SuperOffloadEngine:
         """An exception escaped backward: discard this step's speculation exactly and leave a state
         from which zero_grad() continues as if the window had never been seen."""
         self.worker.drain(check=False)  # no task is left writing (speculation writes only scratch buffers)
-        for b in self.buckets:
-            b.spec = Speculation()
-            b.launched = False
-            b.ready = 0
-        self._arrival, self._next_launch = [], 0
-        self._boundary = self._speculating = self._backward_done = False
-        self._norm = self._step_clip = None
-        self._needs_zero_grad = True
+        self._reset_step()
+        self.step_state.needs_zero_grad = True
         if self.flow is not None:
             self.flow.end_backward()
         if self.comm.active:
@@ -676,6 +459,23 @@ class SuperOffloadEngine:
     # ============================================================================================
     # weights changed behind the engine's back
     # ============================================================================================
+    def pending_master(self, s: ParamSlot) -> torch.Tensor | None:
+        """Parameter `s`'s whole fp32 master before its buckets exist (None once they do)."""
+        return self._pending_master.get(s.index)
+
+    def weights_written(self) -> None:
+        """The engine itself wrote the weights (a load): they are not the user's changes to adopt."""
+        self._versions = self._weight_versions()
+
+    @property
+    def window_micros(self) -> int:
+        """backward() calls in the current accumulation window."""
+        return self._window_micros
+
+    def restore_progress(self, global_step: int, micro: int, window_micros: int) -> None:
+        """The step counters of a checkpoint."""
+        self.global_step, self.micro, self._window_micros = int(global_step), int(micro), int(window_micros)
+
     def _weight_versions(self) -> list[tuple[int, int]]:
         return [(s.param._version, s.param.data_ptr() if self._owned_view(s) else -1) for s in self.slots]
 
@@ -695,18 +495,18 @@ class SuperOffloadEngine:
         with torch.no_grad():
             for s in changed:
                 values = s.param.detach().reshape(-1)
-                if not self.buckets:
+                if s.index in self._pending_master:  # not in a bucket yet: the weights are all there is
                     self._pending_master[s.index] = values.to("cpu", torch.float32).clone()
                     continue
-                home = self._home.get(s.index)
+                home = self.builder.homes.get(s.index)
                 if home is None:  # a flowed parameter: its values go to this rank's part of its host store
                     self._write_flow_store(s, values)
                 elif s.param.data_ptr() != home.data_ptr():
                     home.copy_(values)
                     s.param.data = home.view(s.shape)
-                self._write_master(s, values)
-                for k in s.buckets:
-                    self.buckets[k].spec.queued = False  # its speculation read the old master: redo it
+                self.write_master(s, values)
+                for pc in s.pieces:
+                    self._bucket_of[id(pc)].spec.queued = False  # its speculation read the old master: redo it
         log.info("adopted new values of %d parameter(s) written outside the engine", len(changed))
         self._versions = self._weight_versions()
 
@@ -719,16 +519,22 @@ class SuperOffloadEngine:
         if values.numel() != s.numel:  # sharded across ranks: outside its uses the parameter holds nothing
             return
         for pc in s.pieces:
-            b = self.buckets[pc.bucket]
+            b = self._bucket_of[id(pc)]
             if (o := pc.overlap(b.lo, b.hi)) is not None:
                 a, e, start = o
                 b.before_home_write()
                 b.home_shard()[a - b.lo: e - b.lo].copy_(values[start: start + e - a])
 
-    def _write_master(self, s: ParamSlot, values: torch.Tensor) -> None:
-        """This rank's part of parameter `s`'s fp32 master (in its pieces' buckets) from its flat `values`."""
+    def write_master(self, s: ParamSlot, values: torch.Tensor) -> None:
+        """This rank's part of parameter `s`'s fp32 master from its flat `values` (in its pieces' buckets;
+        before the layout is built, the whole pending master, which also sets the weights)."""
+        if s.index in self._pending_master:  # not in a bucket yet
+            self._pending_master[s.index] = values.reshape(-1).to("cpu", torch.float32).clone()
+            with torch.no_grad():
+                s.param.data.copy_(self._pending_master[s.index].view(s.shape))
+            return
         for pc in s.pieces:
-            b = self.buckets[pc.bucket]
+            b = self._bucket_of[id(pc)]
             if (o := pc.overlap(b.lo, b.hi)) is not None:
                 a, e, start = o
                 b.master[a - b.lo: e - b.lo].copy_(values[start: start + e - a])
@@ -748,14 +554,18 @@ class SuperOffloadEngine:
     # ============================================================================================
     # backward: hooks and the device side
     # ============================================================================================
-    def _begin_boundary(self) -> None:
-        self._boundary = True
-        self._speculating = self._speculation_allowed()
-        self._arrival, self._next_launch = [], 0
+    def _reset_step(self) -> None:
+        """Forget the step in progress (the one place its flags and the buckets' launch state reset)."""
+        self.step_state.reset()
         for b in self.buckets:
+            b.spec = Speculation()
             b.launched = False
             b.ready = 0
-            b.spec = Speculation()
+
+    def _begin_boundary(self) -> None:
+        self._reset_step()
+        self.step_state.boundary = True
+        self.step_state.speculating = self._speculation_allowed()
 
     def _speculation_allowed(self) -> bool:
         if not self.config.speculation:
@@ -769,10 +579,10 @@ class SuperOffloadEngine:
             with self.backend.tracking():
                 self._plain.on_grad(idx)
             return
-        if not self._boundary:
+        if not self.step_state.boundary:
             return
         if not self.layout_measured:
-            self._arrival.append(idx)
+            self.step_state.arrival.append(idx)
             return
         self._param_ready(idx)
 
@@ -782,27 +592,28 @@ class SuperOffloadEngine:
         whatever order gradients arrive in)."""
         for k in self.slots[idx].buckets:
             self.buckets[k].ready += 1
-        while self._next_launch < len(self.buckets):
-            nxt = self.buckets[self._next_launch]
+        while self.step_state.next_launch < len(self.buckets):
+            nxt = self.buckets[self.step_state.next_launch]
             if nxt.ready < len(nxt.slots):
                 break
             self._launch(nxt)
-            self._next_launch += 1
+            self.step_state.next_launch += 1
 
     def _launch_remaining(self) -> None:
         """The buckets still waiting when backward ended (parameters without a gradient), in order."""
-        for b in self.buckets[self._next_launch:]:
+        for b in self.buckets[self.step_state.next_launch:]:
             self._launch(b)
-        self._next_launch = len(self.buckets)
+        self.step_state.next_launch = len(self.buckets)
 
     def _finish_backward(self) -> None:
         if not self.layout_measured:
-            seen = set(self._arrival)
+            seen = set(self.step_state.arrival)
             with self.backend.allow_sync():  # once per run: the layout is built (and broadcast) here
-                self._build_layout(self._arrival + [i for i in reversed(range(len(self.slots))) if i not in seen])
+                self.build_layout(self.step_state.arrival
+                                   + [i for i in reversed(range(len(self.slots))) if i not in seen])
         self._launch_remaining()  # buckets with unused parameters, or the measuring step
-        self._boundary = False
-        self._backward_done = True
+        self.step_state.boundary = False
+        self.step_state.backward_done = True
 
     def _current_hps(self) -> dict[int, HyperParams]:
         return {gi: HyperParams(lr=float(g["lr"]), beta1=float(g["betas"][0]), beta2=float(g["betas"][1]),
@@ -891,7 +702,7 @@ class SuperOffloadEngine:
         elif slot is not None:
             dev.record(self.ring.free_event[slot], side, "launch: staging slot read")
         self.counters.add(grad_launch_s=time.perf_counter() - t0)
-        if b.host is not None and self._speculating:
+        if b.host is not None and self.step_state.speculating:
             scale, hps = self._unscale(), self._current_hps()  # the clip factor assumed 1
             b.spec = Speculation(queued=True, scale=scale, hps=hps)
             steps = b.steps_snapshot(self.steps)
@@ -957,9 +768,9 @@ class SuperOffloadEngine:
     def _reduced_norm(self) -> tuple[float, int]:
         """This step's global (Σ norm², non-finite count), reduced once: asked early by
         `step_grad_norm` (a clip_grad_norm_ before step()), then used by validation."""
-        if self._norm is None:
-            self._norm = self._global_norm_sq()
-        return self._norm
+        if self.step_state.norm is None:
+            self.step_state.norm = self._global_norm_sq()
+        return self.step_state.norm
 
     def step_grad_norm(self, clip: float | None = None) -> float:
         """This step's global gradient norm (after unscaling; nan when not finite), before step() applies
@@ -968,23 +779,24 @@ class SuperOffloadEngine:
         with self.backend.tracking():
             total2, nonfinite = self._reduced_norm()
         if clip is not None and clip > 0:
-            self._step_clip = clip if self._step_clip is None else min(self._step_clip, clip)
+            asked = self.step_state.step_clip
+            self.step_state.step_clip = clip if asked is None else min(asked, clip)
         return math.sqrt(total2) * self._unscale() if nonfinite == 0 else float("nan")
 
     def _validate_and_apply(self) -> bool:
         t0 = time.perf_counter()
         total2, nonfinite = self._reduced_norm()
-        self._norm = None
+        self.step_state.norm = None
         clip = self.config.grad_clip
-        if self._step_clip is not None:
-            clip = min(clip, self._step_clip) if clip > 0 else self._step_clip
-            self._step_clip = None
+        if self.step_state.step_clip is not None:
+            clip = min(clip, self.step_state.step_clip) if clip > 0 else self.step_state.step_clip
+            self.step_state.step_clip = None
         finite = nonfinite == 0
         unscale = self._unscale()
         self.last_grad_norm = math.sqrt(total2) * unscale if finite else float("nan")
         coef = 1.0
         if finite and clip > 0:
-            coef = min(clip / (self.last_grad_norm + 1e-6), 1.0)
+            coef = min(clip / (self.last_grad_norm + 1e-6), 1.0)  # torch.nn.utils.clip_grad_norm_'s epsilon
         self.last_clip_coef = coef
         scale = unscale * coef
         skip = not finite and self.config.skip_nonfinite
@@ -1101,7 +913,7 @@ class SuperOffloadEngine:
         hyper-parameters, the loss scale, the bucket layout and, mid-accumulation, the partial gradients:
         everything for a bit-exact resume (`superoffload.engine.checkpoint` reads it)."""
         self._check_usable()
-        if not self._backward_done:
+        if not self.step_state.backward_done:
             self._adopt_user_weight_changes()
         return ckpt.engine_state_dict(self)
 
@@ -1132,38 +944,10 @@ class SuperOffloadEngine:
                 value = sd[name].detach().to("cpu", torch.float32).reshape(-1)
                 if value.numel() != s.numel:
                     raise ValueError(f"{name}: {value.numel()} elements in the state_dict, {s.numel} in the model")
-                if not self.buckets:
-                    self._pending_master[s.index] = value.clone()
-                    s.param.data.copy_(value.view(s.shape))
-                    continue
-                self._write_master(s, value)
-        if self.buckets:
+                self.write_master(s, value)
+        if self.all_buckets():
             ckpt.publish_masters(self)
         self._versions = self._weight_versions()
-
-    # --- DeepSpeed's names, so a DeepSpeed training loop ports unchanged (docs/engine.md has the table)
-    @property
-    def module(self) -> nn.Module:
-        return self.model
-
-    @property
-    def global_steps(self) -> int:
-        return self.global_step
-
-    def get_lr(self) -> list[float]:
-        """The current learning rate of each param group."""
-        return [float(g["lr"]) for g in self.optimizer.param_groups]
-
-    def get_global_grad_norm(self) -> float:
-        """The last step's global gradient norm (after unscaling; nan before the first step or after a
-        non-finite step)."""
-        return self.last_grad_norm
-
-    def is_gradient_accumulation_boundary(self) -> bool:
-        return self.is_boundary
-
-    def gradient_accumulation_steps(self) -> int:
-        return self.config.grad_accum
 
     def save_checkpoint(self, save_dir: str, tag: str | None = None, client_state: dict | None = None,
                         save_latest: bool = True) -> str:
@@ -1178,26 +962,6 @@ class SuperOffloadEngine:
         the same world size, every rank's files at another. `weights_only`: the model's weights (the fp32
         masters) and buffers only; the optimizer's moments and steps stay. Returns (path, client_state)."""
         return ckpt.load_checkpoint(self, load_dir, tag, weights_only=weights_only, strict=strict)
-
-    # --- more of DeepSpeed's engine names
-    @property
-    def local_rank(self) -> int:
-        import os
-
-        return int(os.environ.get("LOCAL_RANK", "0"))
-
-    @property
-    def global_rank(self) -> int:
-        return self.comm.rank
-
-    @property
-    def world_size(self) -> int:
-        return self.comm.world
-
-    def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
-        """Say whether the next backward() ends an accumulation window, instead of counting to grad_accum
-        (DeepSpeed's: set it before each forward/backward; the last one True, then step() once)."""
-        self._boundary_override = bool(is_boundary)
 
     @property
     def stats(self) -> dict[str, Any]:
@@ -1221,8 +985,8 @@ class SuperOffloadEngine:
             "world_size": self.comm.world, "rank": self.comm.rank,
             "device_tail_params": sum(b.layout.numel for b in dev),
             "device_tail_bytes": tail_bytes,
-            "host_state_bytes": sum(a.nbytes for a in self._arenas if a.category == "optimizer_state"),
-            "pinned_bytes": sum(a.nbytes for a in self._arenas if a.pinned),
+            "host_state_bytes": sum(a.nbytes for a in self.builder.arenas if a.category == "optimizer_state"),
+            "pinned_bytes": sum(a.nbytes for a in self.builder.arenas if a.pinned),
             "layout_measured": self.layout_measured,
             "bytes": {"d2h": int(c.pop("bytes_d2h", 0)), "h2d": int(c.pop("bytes_h2d", 0))},
             "time_s": {**c, "host_worker_busy_s": self.worker.busy_s},

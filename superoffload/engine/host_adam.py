@@ -19,7 +19,6 @@ from collections.abc import Callable
 
 import torch
 
-BACKENDS = ("grace", "torch", "cpuadam")
 _ds_op = None
 _ds_ids = itertools.count(10_000)
 _ds_created: dict[tuple, int] = {}

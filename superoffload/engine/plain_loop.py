@@ -125,7 +125,7 @@ class PlainLoop:
 
     def _overrun(self) -> None:
         e = self.engine
-        if e._norm is not None or e._step_clip is not None:
+        if e.step_state.norm is not None or e.step_state.step_clip is not None:
             raise RuntimeError("a backward pass after the step's gradient norm was taken (clip_grad_norm_ or "
                                "grad_norm()) and before step(): torch would clip the earlier gradients only, "
                                "which the engine cannot; clip after the window's last backward()")
@@ -133,7 +133,7 @@ class PlainLoop:
             self.overrun = True
             self.launched_all = False  # step() launches every bucket again with the new gradients
             self.overruns += 1
-            e._speculating = False
+            e.step_state.speculating = False
             for b in e.buckets:
                 b.spec = Speculation()  # it stepped from part of the step's gradient
 
@@ -148,21 +148,21 @@ class PlainLoop:
             if not e.layout_measured:
                 first = self.order + [i for i in reversed(range(len(e.slots))) if i not in self.seen]
                 with e.backend.allow_sync():
-                    e._build_layout(first)
+                    e.build_layout(first)
             if not self.boundary:  # no prediction yet, or fewer passes than predicted: validate first
                 e._begin_boundary()
-                e._speculating = False
+                e.step_state.speculating = False
             if self.overrun:
                 self._launch_again()
             else:
                 e._launch_remaining()
-        e._boundary = False
-        e._backward_done = True
+        e.step_state.boundary = False
+        e.step_state.backward_done = True
         self.launched_all = self.boundary = True  # a pass after this is more than the step's
 
     def _launch_again(self) -> None:
         e = self.engine
-        done = e._next_launch
+        done = e.step_state.next_launch
         agreed = done
         if e.comm.active:
             t = torch.tensor([done], dtype=torch.int64, device=e.device)
@@ -175,7 +175,7 @@ class PlainLoop:
             if b.index < agreed and not e.comm.active and not any(s.param.grad is not None for s in b.slots):
                 continue  # nothing new for it (one rank: no collective to keep in step)
             e._launch(b, carry=b.index < agreed)
-        e._next_launch = len(e.buckets)
+        e.step_state.next_launch = len(e.buckets)
 
     def step(self) -> bool | None:
         """Validate and apply the step; None when no gradient reached the engine since the last one
@@ -198,11 +198,5 @@ class PlainLoop:
             e._drop_grads()
         if self.passes:
             e.worker.drain()
-            for b in e.buckets:
-                b.spec = Speculation()
-                b.launched = False
-                b.ready = 0
-            e._next_launch = 0
-            e._boundary = e._speculating = e._backward_done = False
-            e._norm = e._step_clip = None
+            e._reset_step()
         self._new_window()

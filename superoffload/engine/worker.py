@@ -23,6 +23,11 @@ from typing import Any
 
 from superoffload.device import Device
 
+# seconds between checks of the worker's health while waiting for a task's event: a failure is seen
+# within this (a judgment: short against a failure's cost, long against a step; the wait itself wakes
+# at once when the event is set)
+POLL_S = 0.05
+
 
 class HostWorkerError(RuntimeError):
     """Raised in the training thread when a host task failed."""
@@ -58,7 +63,6 @@ class HostWorker:
         self._pending = 0
         self._done_token: Any = None
         self._cv = threading.Condition()
-        self._waiters: list[threading.Event] = []  # released on failure so nobody blocks forever
         self.busy_s = 0.0
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
@@ -79,22 +83,12 @@ class HostWorker:
                         fn()
                 except BaseException as e:  # noqa: BLE001 - surfaced in the training thread
                     self._error, self._error_task = e, label
-                    for ev in self._waiters:
-                        ev.set()
                 self.busy_s += time.perf_counter() - t0
             del item, fn, token  # the task's tensors are not kept alive while the worker waits
             with self._cv:
                 self._done_token = dev.worker_release()
                 self._pending -= 1
                 self._cv.notify_all()
-
-    def register_waiter(self, ev: threading.Event) -> None:
-        """An event the training thread may block on; set on failure so the block ends."""
-        self._waiters.append(ev)
-
-    def unregister_waiter(self, ev: threading.Event) -> None:
-        if ev in self._waiters:
-            self._waiters.remove(ev)
 
     def submit(self, fn: Callable[[], None], label: str = "") -> None:
         self.check()
@@ -121,8 +115,9 @@ class HostWorker:
             self.check()
 
     def wait_event(self, ev: threading.Event) -> None:
-        """Wait for an event set by a task, without hanging if the worker died."""
-        while not ev.wait(0.05):
+        """Wait for an event set by a task, without hanging if the worker died: a failed task never sets
+        its event, so the wait polls the worker's health every POLL_S."""
+        while not ev.wait(POLL_S):
             self.check()
             if not self._thread.is_alive():
                 raise HostWorkerError("host worker thread is not running")

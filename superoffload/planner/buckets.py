@@ -26,20 +26,6 @@ FINAL = FINAL_UNIT
 layer_unit = block_unit
 
 
-def units_forward_order(shape: ModelShape) -> list[tuple[str, int]]:
-    final = (2 if shape.family == "gpt" else 1) * shape.hidden
-    if not shape.tied_embeddings:
-        final += shape.head_params()
-    return ([(EMB, shape.embedding_params())]
-            + [(layer_unit(i), shape.block_params()) for i in range(shape.layers)]
-            + [(FINAL, final)])
-
-
-def units_arrival_order(shape: ModelShape) -> list[tuple[str, int]]:
-    fwd = units_forward_order(shape)
-    return [fwd[-1]] + list(reversed(fwd[1:-1])) + [fwd[0]]
-
-
 @dataclass
 class BucketGroup:
     """Consecutive real buckets, with the units (and their parameter counts) they cover."""
@@ -52,10 +38,6 @@ class BucketGroup:
     @property
     def params(self) -> int:
         return sum(p for _, p in self.pieces)
-
-    @property
-    def real_bucket_params(self) -> float:
-        return self.params / self.real_buckets
 
     @property
     def last_unit(self) -> str:

@@ -177,10 +177,6 @@ class MemoryEstimate:
                 "pinned_total": self.pinned_total}
 
 
-def layer_params(shape: ModelShape) -> int:
-    return shape.block_params()
-
-
 # ---------------------------------------------------------------------------------------------------
 # The SuperOffload engine's memory, allocation by allocation (what its ledger measures)
 # ---------------------------------------------------------------------------------------------------
