@@ -15,6 +15,7 @@ latency), only the pipelining granularity gets coarser.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -45,15 +46,21 @@ class BucketGroup:
 
 
 def pack_buckets(shape: ModelShape, bucket_size: int, world: int = 1,
-                 split: bool = True) -> list[list[tuple[str, int]]]:
+                 split: bool = True) -> tuple[list[tuple[str, int]], ...]:
     """The engine's buckets in arrival order, each as merged (unit, params) pieces. `world` sets where a
     split tensor is cut (at most `world` * 16 elements apart from one rank's cut: timing ignores it);
-    `split` off packs whole tensors (the peers' buckets)."""
+    `split` off packs whole tensors (the peers' buckets). Read only (cached: a plan prices many tails and
+    casts over the same buckets)."""
     if bucket_size <= 0:
         raise ValueError("bucket_size must be positive")
-    arrival = list(reversed(shape.param_tensors()))
-    return [_merge([(arrival[pos][0], n) for pos, _, n in b])
-            for b in pack_pieces([n for _, n in arrival], bucket_size, world, split)]
+    return _pack(tuple(reversed(shape.param_tensors())), bucket_size, world, split)
+
+
+@functools.lru_cache(maxsize=128)
+def _pack(arrival: tuple[tuple[str, int], ...], bucket_size: int, world: int,
+          split: bool) -> tuple[list[tuple[str, int]], ...]:
+    return tuple(_merge([(arrival[pos][0], n) for pos, _, n in b])
+                 for b in pack_pieces([n for _, n in arrival], bucket_size, world, split))
 
 
 def _merge(pieces: list[tuple[str, int]]) -> list[tuple[str, int]]:

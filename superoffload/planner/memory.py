@@ -9,10 +9,11 @@ working set while it is recomputed and differentiated (activations and their gra
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
-from superoffload.packing import chains
+from superoffload.packing import ShapeTensor, chains, plan_buckets, tail_start
 from superoffload.shapes import ModelShape
 
 BF16 = 2
@@ -215,15 +216,65 @@ def _aligned(n: int) -> int:
     return -(-n // HOST_ALIGN) * HOST_ALIGN
 
 
-def engine_buckets(shape: ModelShape, m: EngineMemoryInput) -> list[Any]:
-    """The engine's buckets for this shape (superoffload.packing, in the usual arrival order)."""
-    from superoffload.packing import ShapeTensor, plan_buckets
-
-    tensors = [ShapeTensor(f"{unit}.{i}", n, unit=unit) for i, (unit, n) in enumerate(shape.param_tensors())]
-    flowed = {f"L{i}" for i in m.flow_layers}
+@functools.lru_cache(maxsize=64)
+def _engine_buckets(param_tensors: tuple[tuple[str, int], ...], bucket_size: int, world: int,
+                    flow_layers: tuple[int, ...]) -> tuple[Any, ...]:
+    tensors = [ShapeTensor(f"{unit}.{i}", n, unit=unit) for i, (unit, n) in enumerate(param_tensors)]
+    flowed = {f"L{i}" for i in flow_layers}
     order = list(reversed(range(len(tensors))))
-    return plan_buckets(tensors, order, m.bucket_size, m.device_tail_buckets, m.world,
-                        segment=lambda t: t.unit if t.unit in flowed else None)
+    return tuple(plan_buckets(tensors, order, bucket_size, 0, world,
+                              segment=lambda t: t.unit if t.unit in flowed else None))
+
+
+class _Packed:
+    """The engine's buckets reduced to what its memory depends on, with prefix sums over arrival order, so
+    that pricing a tail of k buckets (the planner tries many) costs O(1), not a pass over thousands of
+    buckets: `host(k)` sums the first k buckets (the host ones), the rest are the tail."""
+
+    def __init__(self, buckets: tuple[Any, ...], world: int) -> None:
+        self.count = len(buckets)
+        self.total_padded = sum(b.padded for b in buckets)
+        self.resident_padded = sum(b.padded for b in buckets if b.flow_block is None)
+        blocks: dict[Any, int] = {}
+        for b in buckets:
+            if b.flow_block is not None:
+                blocks[b.flow_block] = blocks.get(b.flow_block, 0) + b.padded
+        self.flow_block_padded = list(blocks.values())
+        self.largest_padded = max((b.padded for b in buckets), default=0)
+        shards = [b.padded // world for b in buckets]
+        self.shard_prefix = _prefix(shards)
+        self.aligned_prefix = {w: _prefix([_aligned(n * w) for n in shards]) for w in (BF16, FP32)}
+        self.padded_max = _prefix_max([b.padded for b in buckets])
+        self.shard_max = _prefix_max(shards)
+        # flowed chains (one host store each): (index of the chain's last bucket, its aligned bytes per byte width)
+        pos = {id(b): i for i, b in enumerate(buckets)}
+        self.flow_chains = [(pos[id(c[-1])], sum(b.padded // world for b in c))
+                            for c in chains([b for b in buckets if b.flow_block is not None])]
+
+
+def _prefix(xs: list[int]) -> list[int]:
+    out = [0]
+    for x in xs:
+        out.append(out[-1] + x)
+    return out
+
+
+def _prefix_max(xs: list[int]) -> list[int]:
+    out = [0]
+    for x in xs:
+        out.append(max(out[-1], x))
+    return out
+
+
+@functools.lru_cache(maxsize=64)
+def _packed(param_tensors: tuple[tuple[str, int], ...], bucket_size: int, world: int,
+            flow_layers: tuple[int, ...]) -> _Packed:
+    return _Packed(_engine_buckets(param_tensors, bucket_size, world, flow_layers), world)
+
+
+def _aligned_sum(pk: _Packed, width: int, k: int) -> int:
+    """Sum over the first k buckets of their shard's bytes at `width` bytes per element, each aligned."""
+    return pk.aligned_prefix[width][k]
 
 
 def engine_memory(shape: ModelShape, seq: int, batch: int, checkpointing: bool, m: EngineMemoryInput) -> MemoryEstimate:
@@ -244,50 +295,45 @@ def engine_memory(shape: ModelShape, seq: int, batch: int, checkpointing: bool, 
     p = PRECISION_BYTES[m.precision]
     lowp = m.precision != "fp32"
     world = m.world
-    buckets = engine_buckets(shape, m)
-    host_b = [b for b in buckets if not b.on_device]
+    pk = _packed(tuple(shape.param_tensors()), m.bucket_size, world, tuple(m.flow_layers))
+    k = tail_start(pk.count, m.device_tail_buckets)  # buckets [0, k) are host buckets, [k, count) the tail
     gbytes = p if (lowp and m.grad_cast == "host") else FP32  # flattened, reduced and moved in this
     ubytes = p if (lowp and m.param_cast == "host") else FP32
     est = MemoryEstimate()
     dev, host = est.device, est.host
-    dev["weights"] = p * sum(b.padded for b in buckets if b.flow_block is None)
-    flow_blocks: dict[Any, int] = {}
-    for b in buckets:
-        if b.flow_block is not None:
-            flow_blocks[b.flow_block] = flow_blocks.get(b.flow_block, 0) + b.padded
-    if flow_blocks:
-        slots = min(m.flow_prefetch + 1, len(flow_blocks))
-        dev["flow"] = p * slots * max(flow_blocks.values())
-    dev["tail_state"] = (5 if m.amsgrad else 4) * FP32 * sum(b.padded // world for b in buckets if b.on_device)
-    staging = NORM_BYTES * len(buckets)
-    ring = [b.padded for b in (buckets if world > 1 else host_b)]
+    dev["weights"] = p * pk.resident_padded
+    if pk.flow_block_padded:
+        slots = min(m.flow_prefetch + 1, len(pk.flow_block_padded))
+        dev["flow"] = p * slots * max(pk.flow_block_padded)
+    dev["tail_state"] = (5 if m.amsgrad else 4) * FP32 * (pk.shard_prefix[-1] - pk.shard_prefix[k])
+    staging = NORM_BYTES * pk.count
+    ring = pk.count if world > 1 else k  # the buckets whose flat gradient passes the staging ring
     if ring and (world > 1 or not m.device_is_host):
-        largest = max(ring)
+        largest = pk.largest_padded if world > 1 else pk.padded_max[k]
         staging += m.staging_buffers * largest * gbytes
         if world > 1 and (not m.device_is_host or gbytes != FP32):  # the reduce-scatter's output slots
             staging += m.staging_buffers * (largest // world) * gbytes
-    if lowp and m.param_cast == "device" and not m.device_is_host and host_b:
-        staging += FP32 * max(b.padded // world for b in host_b)
+    if lowp and m.param_cast == "device" and not m.device_is_host and k:
+        staging += FP32 * pk.shard_max[k]
     dev["staging"] = staging
     if m.grad_accum > 1:
         dev["grads"] = p * shape.total_params()
     dev.update(activation_memory(shape, seq, batch, checkpointing, p, sp=m.sp,
                                  offload_checkpoints=m.offload_checkpoints, loss_tile=m.loss_tile))
     state = (4 if m.amsgrad else 3) * FP32
-    for b in host_b:
-        n = b.padded // world
-        landing_n = b.padded if (m.device_is_host and world == 1) else n
-        host["landing"] = host.get("landing", 0) + _aligned(landing_n * gbytes)
+    if k:  # each host bucket's shard: landing, upload, norm, master/m/v (and spare), each aligned
+        host["landing"] = _aligned_sum(pk, gbytes, k)
         if not m.upload_slots:
-            host["upload"] = host.get("upload", 0) + _aligned(n * ubytes)
-        host["norms"] = host.get("norms", 0) + _aligned(NORM_BYTES)
-        host["master_m_v"] = host.get("master_m_v", 0) + state // FP32 * _aligned(n * FP32)
+            host["upload"] = _aligned_sum(pk, ubytes, k)
+        host["norms"] = k * _aligned(NORM_BYTES)
+        host["master_m_v"] = state // FP32 * _aligned_sum(pk, FP32, k)
         if m.rollback_mode == "full_copy":
-            host["spare"] = host.get("spare", 0) + state // FP32 * _aligned(n * FP32)
-    for chain in chains([b for b in host_b if b.flow_block is not None]):  # one store per chain
-        host["flow_stores"] = host.get("flow_stores", 0) + _aligned(sum(b.padded // world for b in chain) * p)
-    if m.upload_slots and host_b:
-        host["upload"] = m.upload_slots * _aligned(max(b.padded // world for b in host_b) * ubytes)
+            host["spare"] = state // FP32 * _aligned_sum(pk, FP32, k)
+    stores = [n for last, n in pk.flow_chains if last < k]  # one store per chain of flowed host buckets
+    if stores:
+        host["flow_stores"] = sum(_aligned(n * p) for n in stores)
+    if m.upload_slots and k:
+        host["upload"] = m.upload_slots * _aligned(pk.shard_max[k] * ubytes)
     if m.offload_checkpoints and checkpointing:
         host["activation_checkpoints"] = checkpoint_host_bytes(shape, seq, batch, p, m.sp)
     est.pinned_keys = set() if m.device_is_host else set(PINNED_KEYS) | ({"activation_checkpoints"} & set(host))
