@@ -10,22 +10,16 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
+from superoffload import catalog
 from superoffload.harness import record
 from superoffload.harness.record import ResultFileError, parse_result, sp_of, world_of
 from superoffload.planner.explain import format_ranges
 
 STATUSES = ("ok", "oom", "error")
 
-# What the report calls each harness system, in the order tables list them (ours first, then the peers)
-SYSTEM_NAMES = {
-    "superoffload": "SuperOffload (ours)",
-    "ds_superoffload": "DeepSpeed SuperOffload",
-    "zero_offload": "ZeRO-Offload",
-    "zero_infinity": "ZeRO-Infinity",
-    "fsdp_offload": "FSDP2 CPU offload",
-    "torch": "PyTorch, no offload",
-    "ulysses": "DeepSpeed-Ulysses",
-}
+# What the report calls each harness system, in the order tables list them (the catalog's: ours first, then
+# the peers)
+SYSTEM_NAMES = {s.name: s.label for s in catalog.SYSTEMS}
 
 
 def system_key(system: str) -> tuple[int, str]:

@@ -9,6 +9,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from reports import data as D  # noqa: E402
+from superoffload import catalog  # noqa: E402
 
 RC = {
     "svg.hashsalt": "superoffload-report",
@@ -20,9 +21,7 @@ RC = {
     "figure.dpi": 100,
     "path.simplify": False,
 }
-SYSTEM_ORDER = ["torch", "superoffload", "zero_offload", "zero_infinity", "ds_superoffload", "fsdp_offload", "ulysses"]
-COLORS = dict(zip(SYSTEM_ORDER, ["#555555", "#d62728", "#1f77b4", "#2ca02c", "#ff7f0e", "#9467bd", "#17becf"],
-                  strict=True))
+COLORS = {s.name: s.color for s in catalog.SYSTEMS}  # the catalog's (superoffload/catalog.py)
 STYLE = {
     "measured": dict(marker="o", linestyle="-"),
     "predicted": dict(marker="s", linestyle="--"),
@@ -46,7 +45,8 @@ def system_color(system: str) -> str:
 
 
 def sys_key(system: str) -> tuple[int, str]:
-    return (SYSTEM_ORDER.index(system) if system in SYSTEM_ORDER else 99, system)
+    """The report's order of systems (the catalog's), in figures as in tables."""
+    return D.system_key(system)
 
 
 def sys_sorted(systems) -> list[str]:

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from superoffload import catalog
 from superoffload.options import (
     ENGINE_DEFAULTS,
     SHARED_KEYS,
@@ -24,11 +25,12 @@ from superoffload.options import (
     check_choice,
 )
 
-SYSTEMS = ("superoffload", "zero_offload", "zero_infinity", "fsdp_offload", "ds_superoffload", "torch")
+# The systems the cost model compares (superoffload/catalog.py, modelled "compared")
+SYSTEMS = tuple(s.name for s in catalog.SYSTEMS if s.modelled == "compared")
 # modelled for the paper's figures and the long-sequence harness runs, not in the planner's comparisons of
-# SYSTEMS: DeepSpeed-Ulysses on ZeRO-3 without offload, the Fig 12 baseline (docs/cost_model.md, "Long sequences";
-# the harness runs it as baselines/ulysses.py)
-PAPER_ONLY_SYSTEMS = ("ulysses",)
+# SYSTEMS (modelled "paper"): DeepSpeed-Ulysses on ZeRO-3 without offload, the Fig 12 baseline
+# (docs/cost_model.md, "Long sequences"; the harness runs it as baselines/ulysses.py)
+PAPER_ONLY_SYSTEMS = tuple(s.name for s in catalog.SYSTEMS if s.modelled == "paper")
 
 # Extra host traffic per param that exact rollback costs a speculative step (docs/cost_model.md,
 # "Constants and sources"). full_copy is double-buffered: the speculative pass writes the new p, m, v to

@@ -28,10 +28,10 @@ PROJECT_ROOTS = ("superoffload", "grace_adam", "baselines", "reports", "workflow
 
 # Lowest level first. A unit may import any unit of a lower level.
 LAYERS: list[tuple[str, frozenset[str]]] = [
-    # tables and kernels: the shapes, options, bucket packing and unit tables, the DeepSpeed build
-    # helper, DeepSpeed's `comm` names over torch.distributed, and the GraceAdam kernels. Everything
-    # above reads them, so they import nothing of the project
-    ("base", frozenset({"shapes", "options", "packing", "units", "ds_build", "comm", "grace_adam"})),
+    # tables and kernels: the shapes, options, bucket packing and unit tables, the catalog of systems
+    # and GPUs, the DeepSpeed build helper, DeepSpeed's `comm` names over torch.distributed, and the
+    # GraceAdam kernels. Everything above reads them, so they import nothing of the project
+    ("base", frozenset({"shapes", "options", "packing", "units", "catalog", "ds_build", "comm", "grace_adam"})),
     # torch-free planning, the device backends and the model zoo: each stands on the base alone, so
     # the planner stays torch-free and the zoo can be built by anything that trains
     ("building blocks", frozenset({"device", "planner", "models"})),
@@ -67,11 +67,11 @@ SIDEWAYS: dict[tuple[str, str], str] = {
 
 # The report only reads result files: of the project it may import these modules and nothing else.
 REPORT_READS = ("superoffload.harness.record", "superoffload.nightly", "superoffload.planner.explain",
-                "superoffload.shapes", "superoffload.units", "reports")
+                "superoffload.shapes", "superoffload.units", "superoffload.catalog", "reports")
 
 PLANNER = Path(superoffload.planner.__file__).parent
 PLANNER_PROJECT = ("superoffload.shapes", "superoffload.options", "superoffload.packing", "superoffload.units",
-                   "superoffload.planner")
+                   "superoffload.catalog", "superoffload.planner")
 PLANNER_THIRD_PARTY = ("numpy",)  # torch is not needed: the planner is torch-free
 
 LEVEL = {unit: i for i, (_, units) in enumerate(LAYERS) for unit in units}

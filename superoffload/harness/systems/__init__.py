@@ -1,31 +1,23 @@
-"""Registry of systems under test. Entries are import strings, so the harness never imports a
-baseline's heavy dependencies (DeepSpeed) unless that system is asked for."""
+"""Registry of systems under test, read off the catalog (superoffload/catalog.py). Entries are import
+strings, so the harness never imports a baseline's heavy dependencies (DeepSpeed) unless that system is
+asked for."""
 
 from __future__ import annotations
 
 import importlib
 
+from superoffload import catalog
 from superoffload.harness.system import System
 
-SYSTEMS: dict[str, str] = {
-    "torch": "superoffload.harness.systems.torch_system:TorchSystem",
-    "superoffload": "superoffload.harness.systems.superoffload_system:SuperOffloadSystem",
-    "zero_offload": "baselines.zero_offload:ZeroOffloadSystem",
-    "zero_infinity": "baselines.zero_infinity:ZeroInfinitySystem",
-    "ds_superoffload": "baselines.ds_superoffload:DSSuperOffloadSystem",
-    "fsdp_offload": "baselines.fsdp_offload:FSDPOffloadSystem",
-    "ulysses": "baselines.ulysses:UlyssesSystem",
-}
-
+SYSTEMS: dict[str, str] = {s.name: s.implementation for s in catalog.SYSTEMS}
 
 # Systems that train on several ranks under torchrun (bench run --nproc): torch as DDP, the DeepSpeed
 # baselines and FSDP2 over the default process group, the engine sharded ZeRO-2 style.
-MULTI_RANK: frozenset[str] = frozenset(SYSTEMS)
-
+MULTI_RANK: frozenset[str] = frozenset(s.name for s in catalog.SYSTEMS if s.multi_rank)
 
 # Systems that run the sequence package (superoffload.sequence): Ulysses sequence parallelism (--sp), the
 # tiled loss (--loss-tile) and checkpoints in host memory (--offload-checkpoints). The others refuse them.
-SP_SYSTEMS: frozenset[str] = frozenset({"superoffload", "ulysses"})
+SP_SYSTEMS: frozenset[str] = frozenset(s.name for s in catalog.SYSTEMS if s.sequence_parallel)
 
 
 def supports_sequence_parallel(name: str) -> bool:
