@@ -356,7 +356,7 @@ def build_context(results: dict, figure_files: dict[str, Path]) -> dict[str, Any
                if pc["status"] == "ok" else [])
     hw = sweep.get("hardware") or {}
     device = hw.get("device_name") or f"{hw.get('cpu', 'an unknown CPU')} (CPU only, no CUDA device)"
-    is_gh200 = "GH200" in str(hw.get("device_name") or "").upper()
+    is_gh200 = D.on_gh200(results)
     validation = validation_summary(results["validation"])
     measured = {i: measured_for(r, rows, multi) for i, r in enumerate(pc_rows)}
     claim_rows = H.claims(pc_rows, measured, is_gh200)

@@ -22,6 +22,14 @@ STATUSES = ("ok", "oom", "error")
 SYSTEM_NAMES = {s.name: s.label for s in catalog.SYSTEMS}
 
 
+def on_gh200(results: dict) -> bool:
+    """The sweep ran on a GH200, the paper's Superchip (by the GPU's catalog record): only there do measured
+    numbers speak to the paper's claims."""
+    hw = (results.get("sweep") or {}).get("hardware") or {}
+    gpu = catalog.gpu_for(hw.get("device_name"))
+    return gpu is not None and gpu.name == "GH200"
+
+
 def system_key(system: str) -> tuple[int, str]:
     order = list(SYSTEM_NAMES)
     return (order.index(system) if system in order else len(order), system)

@@ -20,11 +20,6 @@ def _marker(chips: int) -> str:
     return CHIP_MARKERS.get(chips, "v")
 
 
-def _is_gh200(results: dict) -> bool:
-    hw = (results.get("sweep") or {}).get("hardware") or {}
-    return "GH200" in str(hw.get("device_name") or "").upper()
-
-
 def _cross(ax, seq: int, text: str, color: str, stack: dict[int, int]) -> None:
     """An x at MFU 0 with its label written upwards; labels at the same sequence length stand side by side
     (a rotated label is one line high, so neighbours never overlap)."""
@@ -76,7 +71,7 @@ def seqlen(results: dict) -> plt.Figure:
         empty(ax, "No sequence-parallel records in this sweep (a matrix with `sp`).\n" + status_note(multi))
 
     preds = D.fig12_predictions(results.get("paper_comparison") or {})
-    axp.set_title("GH200: predicted (cost model, Fig 12 settings)" + (" and measured" if _is_gh200(results) else ""),
+    axp.set_title("GH200: predicted (cost model, Fig 12 settings)" + (" and measured" if D.on_gh200(results) else ""),
                   fontsize=9)
     drew = False
     stack: dict[int, int] = {}
@@ -94,7 +89,7 @@ def seqlen(results: dict) -> plt.Figure:
             if p["mfu"] is None:
                 _cross(axp, p["seq"], f"OOM {chips}", system_color(system), stack)
                 drew = True
-    if _is_gh200(results):
+    if D.on_gh200(results):
         drew = _draw_measured(axp, [r for r in measured if r["model"] == D.FIG12_PAPER["model"]], ", GH200",
                               stack) or drew
     if drew:

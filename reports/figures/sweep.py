@@ -183,7 +183,7 @@ def largest_model(results: dict) -> plt.Figure:
     fig, (ax, axc) = new_fig(2, width=10.0, height=4.0)
     pred = _largest_predicted(results)
     measured: dict[str, float] = {}
-    if _is_gh200(results):  # on other hardware the largest model that ran says nothing about a GH200
+    if D.on_gh200(results):  # on other hardware the largest model that ran says nothing about a GH200
         for r in map(D.record_row, results["runs"]):
             n = D.model_params(r["model"], r["params"])
             if r["status"] == "ok" and n:
@@ -211,7 +211,7 @@ def largest_model(results: dict) -> plt.Figure:
     if not systems:
         empty(ax, "No largest-model predictions: run the predictions (`snakemake all`).")
     multi: dict[str, dict[int, float]] = defaultdict(dict)
-    for rec in results.get("multi_runs", []) if _is_gh200(results) else []:
+    for rec in results.get("multi_runs", []) if D.on_gh200(results) else []:
         r = D.record_row(rec)
         n = D.model_params(r["model"], r["params"])
         if r["status"] == "ok" and n:
@@ -241,11 +241,6 @@ def largest_model(results: dict) -> plt.Figure:
     footnote(fig, "predicted: the cost model on the gh200 preset, the largest zoo model grown by whole blocks while "
              "it fits (P); paper: 1 chip only (25B [V], 15B / 3.5B [S]); M: measured on GH200 chips")
     return fig
-
-
-def _is_gh200(results: dict) -> bool:
-    hw = (results.get("sweep") or {}).get("hardware") or {}
-    return "GH200" in str(hw.get("device_name") or "").upper()
 
 
 def scaling(results: dict) -> plt.Figure:

@@ -1,9 +1,9 @@
 """Peak FLOP/s used as the MFU/HFU denominator: a table for GPUs, a measurement for CPUs.
 
-GPU values are dense bf16 tensor-core peaks from vendor specs (the torchtitan table; GH200 and H200
-share H100 SXM's 989 TFLOPS since they have the same GH100 die and clocks). On a machine without a
-GPU, the "device" is the CPU and the peak is measured: the best of a few large matmuls in the run's
-dtype. Every record stores the value and where it came from.
+GPU values are the dense bf16 tensor-core peaks of the catalog (superoffload/catalog.py, which gives
+their sources), whatever the run's dtype: one denominator per GPU. On a machine without a GPU, the
+"device" is the CPU and the peak is measured: the best of a few large matmuls in the run's dtype. Every
+record stores the value and where it came from.
 
 A CPU's measured peak moves with the machine's load (28 vs 186 GFLOP/s minutes apart on a shared 2-core
 machine), so measuring it per run made MFU move with the load instead of the code. It is measured once
@@ -24,27 +24,14 @@ from pathlib import Path
 
 import torch
 
-# checked in order: more specific names first ("H100 PCIe" before "H100", "GH200" before "H200")
-GPU_PEAK_BF16: list[tuple[str, float]] = [
-    ("GH200", 989e12),
-    ("H200", 989e12),
-    ("H100 PCIE", 756e12),
-    ("H100 NVL", 835e12),
-    ("H100", 989e12),
-    ("H20", 148e12),
-    ("GB200", 2.5e15),
-    ("B200", 2.25e15),
-    ("A100", 312e12),
-    ("L40S", 362e12),
-]
+from superoffload import catalog
 
 
 def gpu_peak_flops(name: str) -> float | None:
-    upper = name.upper()
-    for key, value in GPU_PEAK_BF16:
-        if key in upper:
-            return value
-    return None
+    """Dense bf16 peak FLOP/s of the GPU named ``name`` (its catalog record, most specific match); None for a
+    GPU the catalog lacks."""
+    gpu = catalog.gpu_for(name)
+    return gpu.peak_flops["bf16"] if gpu is not None else None
 
 
 @functools.lru_cache(maxsize=8)

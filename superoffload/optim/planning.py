@@ -117,7 +117,7 @@ class LazyPlan:
     def _make(self) -> str:
         """Make the plan; the reason when there is none."""
         from superoffload.planner.plan import PlanInfeasible, make_plan
-        from superoffload.planner.presets import default_profile, get_profile
+        from superoffload.planner.presets import default_profile, get_profile, gpu_preset_warning
 
         e = self.engine
         model = self.opt.model
@@ -129,8 +129,9 @@ class LazyPlan:
         if self.seen is None:
             return "no forward with token ids was seen before the first step"
         batch, seq = self.seen
-        hardware = self.hardware or default_profile(
-            torch.cuda.get_device_name(e.device) if e.device.type == "cuda" else None)
+        gpu = torch.cuda.get_device_name(e.device) if e.device.type == "cuda" else None
+        warning = None if self.hardware else gpu_preset_warning(gpu)
+        hardware = self.hardware or default_profile(gpu)
         try:
             self.plan = make_plan(shape, seq, batch, get_profile(hardware),
                                   activation_checkpointing=_checkpointing(model), chips=e.comm.world,
@@ -138,4 +139,8 @@ class LazyPlan:
         except PlanInfeasible as err:
             log.warning("superoffload.AdamW: %s", err)
             return f"infeasible: {err}"
+        if warning is not None:  # the plan rests on a preset that is not this GPU's: say so, first
+            self.plan.reasons.insert(0, warning)
+            self.notes.append(warning)
+            log.warning("superoffload.AdamW: %s", warning)
         return ""

@@ -10,6 +10,7 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
+from superoffload import catalog
 from superoffload.planner.hardware import ADAM_BYTES_PER_PARAM, Curve, GiB, HardwareProfile
 
 # GraceAdam microbenchmark (the authors' table in the DeepSpeed SuperOffload blog,
@@ -46,7 +47,8 @@ PAGEABLE_GBPS = 14.0
 
 # Achievable vs peak matmul: TransformerEngine issue #2053 measured ~750 TFLOP/s for a large bf16
 # Linear on GH200 (github.com/NVIDIA/TransformerEngine/issues/2053) against the 989 TFLOP/s dense peak.
-MATMUL_EFFICIENCY = 750e12 / 989e12
+GH200 = catalog.gpu("GH200")
+MATMUL_EFFICIENCY = 750e12 / GH200.peak_flops["bf16"]
 
 # FlashAttention-2 paper: up to ~335 TFLOP/s fwd+bwd on H100 SXM5, i.e. ~0.45 of the achievable
 # GEMM rate above. Attention FLOPs run at this fraction of device_matmul_flops.
@@ -68,11 +70,9 @@ SLINGSHOT11_GBPS = 200 / 8  # 200 Gb/s per NIC per direction
 # about twice that through a NIC and a switch), not measured on that machine.
 NVLINK_STEP_LATENCY_S = 5e-6
 NETWORK_STEP_LATENCY_S = 10e-6
-# fp32 (non-tensor-core) matmul peaks, NVIDIA datasheets: H100 SXM / GH200 / H200 "FP32 67 teraFLOPS",
-# H100 PCIe 51; achievable at the same share of peak as bf16 (MATMUL_EFFICIENCY, an assumption). Used only by
-# the tiled loss's fp32 weight-gradient GEMM.
-HOPPER_FP32_FLOPS = 67e12
-H100_PCIE_FP32_FLOPS = 51e12
+# The GPUs' peaks (dense bf16 and fp32) are the catalog's (superoffload/catalog.py gives their sources). fp32
+# (non-tensor-core) matmul is achievable at the same share of peak as bf16 (MATMUL_EFFICIENCY, an
+# assumption); only the tiled loss's fp32 weight-gradient GEMM uses it.
 INFINIBAND_NDR_GBPS = 400 / 8  # an x86 GPU server's typical one NDR NIC per GPU (assumption for PCIe presets)
 
 
@@ -93,8 +93,8 @@ def gh200() -> HardwareProfile:
                "TransformerEngine#2053 (docs/cost_model.md, Constants and sources)",
         **_links(450.0),  # NVLink-C2C: 900 GB/s total (NVIDIA; DeepSpeed SuperOffload blog) = 450 per direction
         device_matmul_flops=750e12,  # TE#2053 measured on GH200
-        device_fp32_matmul_flops=MATMUL_EFFICIENCY * HOPPER_FP32_FLOPS,
-        device_peak_flops=989e12,  # Hopper dense bf16 peak (torchtitan tools/utils.py get_peak_flops)
+        device_fp32_matmul_flops=MATMUL_EFFICIENCY * GH200.peak_flops["fp32"],
+        device_peak_flops=GH200.peak_flops["bf16"],
         attention_factor=ATTENTION_FACTOR,
         device_hbm_bytes=96 * GiB,  # 96 GB HBM3 (spec)
         device_hbm_gbps=hbm_gbps,
@@ -123,15 +123,15 @@ _X86_MEM_GBPS = 8 * 38.4
 _X86_SCALE = _X86_MEM_GBPS / _GRACE_LPDDR5X_GBPS
 
 
-def _pcie_profile(name: str, peak_flops: float, hbm_bytes: int, hbm_gbps: float,
-                  source: str, fp32_flops: float) -> HardwareProfile:
+def _pcie_profile(name: str, gpu: catalog.GpuInfo, hbm_bytes: int, hbm_gbps: float, source: str) -> HardwareProfile:
+    peak = gpu.peak_flops["bf16"]
     return HardwareProfile(
         name=name,
         source=source,
         **_links(64.0),  # PCIe Gen5 x16: 64 GB/s per direction
-        device_matmul_flops=MATMUL_EFFICIENCY * peak_flops,
-        device_fp32_matmul_flops=MATMUL_EFFICIENCY * fp32_flops,
-        device_peak_flops=peak_flops,
+        device_matmul_flops=MATMUL_EFFICIENCY * peak,
+        device_fp32_matmul_flops=MATMUL_EFFICIENCY * gpu.peak_flops["fp32"],
+        device_peak_flops=peak,
         attention_factor=ATTENTION_FACTOR,
         device_hbm_bytes=hbm_bytes,
         device_hbm_gbps=hbm_gbps,
@@ -154,15 +154,15 @@ def _pcie_profile(name: str, peak_flops: float, hbm_bytes: int, hbm_gbps: float,
 
 
 def h100_pcie() -> HardwareProfile:
-    # H100 PCIe: 756 TFLOP/s dense bf16 (torchtitan), 80 GB HBM2e at 2.0 TB/s (NVIDIA datasheet)
-    return _pcie_profile("h100-pcie", 756e12, 80 * GiB, 2000.0,
-                         "preset: NVIDIA H100 PCIe datasheet, PCIe Gen5, generic x86 host", H100_PCIE_FP32_FLOPS)
+    # H100 PCIe: peaks from the catalog, 80 GB HBM2e at 2.0 TB/s (NVIDIA datasheet)
+    return _pcie_profile("h100-pcie", catalog.gpu("H100 PCIe"), 80 * GiB, 2000.0,
+                         "preset: NVIDIA H100 PCIe datasheet, PCIe Gen5, generic x86 host")
 
 
 def h200_pcie() -> HardwareProfile:
-    # H200: 989 TFLOP/s dense bf16 (torchtitan), 141 GB HBM3e at 4.8 TB/s (NVIDIA datasheet)
-    return _pcie_profile("h200-pcie", 989e12, 141 * GiB, 4800.0,
-                         "preset: NVIDIA H200 datasheet, PCIe Gen5, generic x86 host", HOPPER_FP32_FLOPS)
+    # H200: peaks from the catalog, 141 GB HBM3e at 4.8 TB/s (NVIDIA datasheet)
+    return _pcie_profile("h200-pcie", catalog.gpu("H200"), 141 * GiB, 4800.0,
+                         "preset: NVIDIA H200 datasheet, PCIe Gen5, generic x86 host")
 
 
 def cpu() -> HardwareProfile:
@@ -240,6 +240,11 @@ def this_cpu() -> HardwareProfile:
 PRESETS["this-cpu"] = this_cpu  # `explain --hardware this-cpu`: the plan a CPU run here gets without a profile
 
 
+# What a GPU without a preset of its own plans with (its catalog record names none, or the catalog lacks it): a
+# generic PCIe GPU beside an x86 host. The plan says so in its reasons (gpu_preset_warning).
+GENERIC_GPU_PRESET = "h100-pcie"
+
+
 def default_profile(gpu_name: str | None) -> HardwareProfile:
     """The profile a plan uses when none is given: the GPU's preset, or without one `this_cpu()`."""
     return this_cpu() if gpu_name is None else PRESETS[preset_for_gpu(gpu_name)]()
@@ -247,15 +252,28 @@ def default_profile(gpu_name: str | None) -> HardwareProfile:
 
 def preset_for_gpu(gpu_name: str | None) -> str:
     """The preset for a device: `gpu_name` is torch.cuda.get_device_name(), None for the CPU (or the
-    simulated device, which runs at this CPU's speed)."""
+    simulated device, which runs at this CPU's speed). A GPU is looked up in the catalog; one without a
+    preset of its own gets GENERIC_GPU_PRESET, and gpu_preset_warning says so."""
     if gpu_name is None:
         return "cpu"
-    name = gpu_name.upper()
-    if "GH200" in name:
-        return "gh200"
-    if "H200" in name:
-        return "h200-pcie"
-    return "h100-pcie"
+    gpu = catalog.gpu_for(gpu_name)
+    return gpu.preset if gpu is not None and gpu.preset is not None else GENERIC_GPU_PRESET
+
+
+def gpu_preset_warning(gpu_name: str | None) -> str | None:
+    """The sentence a plan's reasons carry when the GPU has no preset of its own (None when it has one, or
+    for the CPU): the plan is then made for the generic preset's numbers, not this GPU's."""
+    if gpu_name is None:
+        return None
+    gpu = catalog.gpu_for(gpu_name)
+    if gpu is not None and gpu.preset is not None:
+        return None
+    known = (f"the catalog knows it as {gpu.name} but names no preset for it" if gpu is not None
+             else "superoffload/catalog.py does not list it")
+    return (f"Hardware: warning: the GPU {gpu_name!r} has no planner preset ({known}): planned with the generic "
+            f"'{GENERIC_GPU_PRESET}' preset, whose numbers are not this GPU's. Measure it with `superoffload "
+            f"calibrate --out PROFILE.json` and plan with that profile (bench run -o hardware=PROFILE.json, "
+            f"finetune --hardware PROFILE.json).")
 
 
 def get_profile(name_or_path: str | Path | HardwareProfile) -> HardwareProfile:

@@ -14,6 +14,8 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
+from superoffload import catalog
+
 
 def _config_problem():
     """None, or one line per error of the config (key path, schema message, closest valid name), the full
@@ -98,9 +100,10 @@ def select_sweep(cfg, hw):
         return name, f"set in the config (sweep={name}); hardware: {hw['detail']}"
     if not hw["cuda"]:
         return "cpu_smoke", f"sweep=auto and no CUDA GPU: {hw['detail']}"
-    if "GH200" in (hw["device_name"] or "").upper():
-        return "gh200", f"sweep=auto and the GPU is a GH200: {hw['detail']}"
-    return "gpu", f"sweep=auto and a CUDA GPU that is not a GH200: {hw['detail']}"
+    gpu = catalog.gpu_for(hw["device_name"])  # the GPU's sweep is its catalog record's
+    if gpu is None:
+        return "gpu", f"sweep=auto and a CUDA GPU superoffload/catalog.py does not list: {hw['detail']}"
+    return gpu.sweep, f"sweep=auto and the GPU is a {gpu.name}, whose sweep is {gpu.sweep}: {hw['detail']}"
 
 
 HW = detect_hardware()

@@ -11,7 +11,9 @@ The plan speaks the engine's config names (`bucket_size`, `device_tail_buckets`,
 `rollback_mode`, `grad_cast`, `param_cast`, `host_optimizer`, `flow_layers`, `flow_prefetch`), so
 nothing is translated and nothing is dropped. System options (`-o KEY=VALUE`) are any engine config
 key, plus `plan=false` (engine defaults instead of the plan), `hardware=NAME|PATH` (the planner's
-HardwareProfile: a preset name or a `superoffload calibrate` JSON; default: chosen from the device) and
+HardwareProfile: a preset name or a `superoffload calibrate` JSON; default: the device's preset, by its
+record in superoffload/catalog.py; a GPU without a preset of its own plans with the generic one and the
+plan's first reason says so) and
 `cast_policy=device|host` (the paper's casting choice as one switch: `device` = cast on the device and
 move fp32 both ways, `host` = move bf16/fp16 and cast on the host; sets both `grad_cast` and
 `param_cast`, which an explicit `-o grad_cast=`/`param_cast=` still overrides).
@@ -42,13 +44,15 @@ APIS = ("engine", "optimizer")  # -o api= / --api: engine.backward/step, or supe
 
 
 def hardware_for_device(device: str):
-    """Planner profile for the device the run will use: the GPU's preset, or this machine's CPU (the cpu
-    preset with its cores and memory, `presets.this_cpu`; sim simulates the CUDA code path on this CPU: the
-    CPU's numbers are the ones it runs at)."""
-    from superoffload.planner.presets import default_profile
+    """(planner profile, warning or None) for the device the run will use: the GPU's preset (by its catalog
+    record; a GPU without a preset of its own plans with the generic one, and the warning says so), or this
+    machine's CPU (the cpu preset with its cores and memory, `presets.this_cpu`; sim simulates the CUDA code
+    path on this CPU: the CPU's numbers are the ones it runs at)."""
+    from superoffload.planner.presets import default_profile, gpu_preset_warning
 
     on_gpu = device not in ("cpu", "host", "sim") and torch.cuda.is_available()
-    return default_profile(torch.cuda.get_device_name() if on_gpu else None)
+    name = torch.cuda.get_device_name() if on_gpu else None
+    return default_profile(name), gpu_preset_warning(name)
 
 
 def plan_for(shape: ModelShape, run: RunConfig):
@@ -58,17 +62,24 @@ def plan_for(shape: ModelShape, run: RunConfig):
     from superoffload.planner.plan import make_plan
     from superoffload.planner.presets import get_profile
 
-    hw = get_profile(run.system_options.get("hardware") or hardware_for_device(run.device))
+    warning = None
+    if run.system_options.get("hardware"):
+        hw = get_profile(run.system_options["hardware"])
+    else:
+        hw, warning = hardware_for_device(run.device)
     # the plan is made for what runs: the run's SP degree, checkpoint offload and loss tile exactly as the
     # run sets them (the planner may not turn on a piece the harness would not apply; a request that needs
     # one is PlanInfeasible, whose message names --sp / --offload-checkpoints / --loss-tile), and the host this
     # rank has: its cores (a --bind-cores slice, or a share of the host), torch's threads, the engine's
     # host_threads (placement.rank_host)
-    return make_plan(shape, run.seq, run.batch, hw,
+    plan = make_plan(shape, run.seq, run.batch, hw,
                      activation_checkpointing=bool(run.activation_checkpointing or run.offload_checkpoints),
                      grad_accum=run.grad_accum, chips=max(1, run.world_size), sp=run.sp,
                      offload_checkpoints=bool(run.offload_checkpoints), loss_tile=run.loss_tile or 0,
                      precision=run.precision, **run_host(run).plan_kwargs())
+    if warning is not None:  # first: every number below rests on it
+        plan.reasons.insert(0, warning)
+    return plan
 
 
 def run_host(run: RunConfig):
