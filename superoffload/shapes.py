@@ -128,6 +128,30 @@ def block_unit(i: int) -> str:
     return f"L{i}"
 
 
+def ulysses_kv_repeat(heads: int, kv_heads: int, sp: int) -> int:
+    """How many times Ulysses sequence parallelism repeats each KV head before its all-to-all (1: the KV
+    heads are sharded directly). The one rule the sequence package runs and the planner prices.
+
+    ValueError when Ulysses cannot split these heads over ``sp`` ranks: the attention heads must be a
+    multiple of the KV heads and divisible by SP, and the KV heads divisible by SP (sharded directly) or
+    dividing it (each KV head repeated ``sp // kv_heads`` times, so every rank gets the KV head its query
+    heads use)."""
+    where = f"heads={heads}, kv_heads={kv_heads}, SP={sp}"
+    if sp < 1:
+        raise ValueError(f"sequence-parallel degree must be >= 1, got sp={sp}: {where}")
+    if heads % kv_heads:
+        raise ValueError(f"the attention heads are not a multiple of the KV heads: {where}")
+    if heads % sp:
+        raise ValueError(f"sp={sp} must divide the attention heads ({heads}): Ulysses gives each rank heads/sp of "
+                         f"them, so it needs the heads divisible by the SP degree: {where}")
+    if kv_heads % sp == 0:
+        return 1
+    if sp % kv_heads == 0:
+        return sp // kv_heads
+    raise ValueError(f"sp={sp}: Ulysses needs the KV heads ({kv_heads}) divisible by sp or sp divisible by them: "
+                     f"{where}")
+
+
 # ------------------------------------------------------------------------------------------ the zoo
 # GPT family: the model table of the authors' ASPLOS artifact (github.com/Supercomputing-System-AI-Lab/
 # SuperOffload, experiment/model.json): 32 heads, FFN 4h, GPT-2 BPE vocabulary padded to a multiple of

@@ -40,7 +40,7 @@ from superoffload.harness.system import RunConfig
 from superoffload.harness.systems import SYSTEMS, check_system, create_system
 from superoffload.harness.telemetry import Telemetry
 from superoffload.options import PRECISIONS, torch_dtype
-from superoffload.shapes import ModelShape
+from superoffload.shapes import ModelShape, ulysses_kv_repeat
 
 log = logging.getLogger(__name__)
 
@@ -86,8 +86,6 @@ def validate_run(run: RunConfig) -> ModelShape:
 def validate_sequence(run: RunConfig, shape: ModelShape) -> None:
     """The long-sequence settings (--sp, --loss-tile, --offload-checkpoints): ValueError saying what to change.
     ``run.world_size`` must already be the number of ranks (the CLI sets it from --nproc or torchrun)."""
-    from superoffload.sequence import kv_repeat_factor
-
     check_sequence_system(run)
     if run.loss_tile is not None and (isinstance(run.loss_tile, bool) or not isinstance(run.loss_tile, int)
                                       or run.loss_tile < 1):
@@ -99,7 +97,7 @@ def validate_sequence(run: RunConfig, shape: ModelShape) -> None:
         raise ValueError(f"--sp {run.sp} must divide the number of ranks ({where}); run --nproc N with N a "
                          f"multiple of {run.sp} (N / {run.sp} data-parallel groups)")
     try:
-        kv_repeat_factor(shape.heads, shape.n_kv_heads, run.sp)
+        ulysses_kv_repeat(shape.heads, shape.n_kv_heads, run.sp)
     except ValueError as e:
         raise ValueError(f"--sp {run.sp} on {shape.name}: {e}") from None
     validate_system = getattr(_system_class(run.system), "validate_sequence", None)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from superoffload.packing import ShapeTensor, chains, plan_buckets, tail_start
-from superoffload.shapes import ModelShape
+from superoffload.shapes import ModelShape, ulysses_kv_repeat
 
 BF16 = 2
 FP32 = 4
@@ -53,20 +53,6 @@ LOSS_BYTES = 3 * FP32  # plain loss backward: fp32 log-softmax, its incoming and
 # (tests/planner/test_long_seq.py): 16 B with bf16/fp16 logits, 20 B with fp32
 TILED_LOSS_BYTES = {BF16: 16, FP32: 20}
 OFFLOAD_WINDOW_BLOCKS = 2  # the block input a recompute uses + the previous block's, prefetched (checkpoint.py)
-
-
-def ulysses_kv_repeat(heads: int, kv_heads: int, sp: int) -> int:
-    """How many times Ulysses repeats each KV head before its all-to-all (superoffload.sequence.ulysses
-    ``kv_repeat_factor``: the same rules). ValueError when ``sp`` cannot split these heads."""
-    if sp < 1:
-        raise ValueError(f"sequence-parallel degree must be >= 1, got sp={sp}")
-    if heads % sp:
-        raise ValueError(f"sp={sp} must divide the attention heads ({heads}): Ulysses gives each rank heads/sp heads")
-    if kv_heads % sp == 0:
-        return 1
-    if sp % kv_heads == 0:
-        return sp // kv_heads
-    raise ValueError(f"sp={sp}: Ulysses needs the KV heads ({kv_heads}) divisible by sp or sp divisible by them")
 
 
 def loss_tile_rows(tokens: int, tile: int) -> int:

@@ -19,6 +19,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from superoffload.shapes import ulysses_kv_repeat
+
 Group = dist.ProcessGroup | None
 
 
@@ -36,26 +38,9 @@ def group_rank(group: Group) -> int:
     return dist.get_rank(group)
 
 
-def kv_repeat_factor(heads: int, kv_heads: int, sp: int) -> int:
-    """How many times each KV head is repeated before the all-to-all (1: KV heads are sharded directly).
-
-    Raises ValueError when Ulysses cannot split these heads over ``sp`` ranks: the attention heads must
-    be divisible by SP, and the KV heads must be divisible by SP (sharded directly) or divide SP (each
-    KV head repeated ``sp // kv_heads`` times, so every rank gets the KV head its query heads use).
-    """
-    if sp < 1:
-        raise ValueError(f"sequence-parallel degree must be >= 1, got SP={sp}")
-    if heads % kv_heads:
-        raise ValueError(f"heads={heads} is not a multiple of kv_heads={kv_heads}")
-    if heads % sp:
-        raise ValueError(f"Ulysses sequence parallelism needs the attention heads divisible by the SP degree: "
-                         f"heads={heads}, kv_heads={kv_heads}, SP={sp}")
-    if kv_heads % sp == 0:
-        return 1
-    if sp % kv_heads == 0:
-        return sp // kv_heads
-    raise ValueError(f"Ulysses sequence parallelism needs kv_heads divisible by SP or SP divisible by kv_heads: "
-                     f"heads={heads}, kv_heads={kv_heads}, SP={sp}")
+# How many times each KV head is repeated before the all-to-all, or ValueError when Ulysses cannot split the
+# heads: the rule lives torch-free in superoffload.shapes, where the planner prices the same one.
+kv_repeat_factor = ulysses_kv_repeat
 
 
 def _all_to_all_blocks(x: torch.Tensor, group: Group) -> torch.Tensor:

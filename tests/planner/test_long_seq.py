@@ -356,3 +356,15 @@ def test_fig12_rows() -> None:
     for chips in (4, 8):
         assert longest[(chips, "superoffload")] >= longest[(chips, "ulysses")]
     assert "| 1,048,576 |" in fig12_table(rows)
+
+
+def test_one_kv_repeat_rule_for_the_planner_and_the_sequence_package() -> None:
+    """The planner prices the rule the sequence package runs: one function (superoffload.shapes), which checks
+    the heads against the KV heads on both sides."""
+    from superoffload import shapes
+    from superoffload.planner import memory
+    from superoffload.sequence import kv_repeat_factor
+
+    assert memory.ulysses_kv_repeat is shapes.ulysses_kv_repeat is kv_repeat_factor
+    with pytest.raises(ValueError, match="not a multiple of the KV heads: heads=6, kv_heads=4, SP=2"):
+        shapes.ulysses_kv_repeat(6, 4, 2)
