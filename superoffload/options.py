@@ -65,6 +65,11 @@ ENGINE_DEFAULTS: dict[str, Any] = {
 }
 SHARED_KEYS: tuple[str, ...] = tuple(ENGINE_DEFAULTS)
 
+# Engine config knobs that only the planner's memory model reads (planner/memory.py EngineMemoryInput), with the
+# engine's defaults (tests/planner/test_vocabulary.py keeps them equal): the staging ring's slots and AMSGrad's
+# extra state (the config's `optimizer.amsgrad`).
+MEMORY_DEFAULTS: dict[str, Any] = {"staging_buffers": 2, "amsgrad": False}
+
 
 def torch_dtype(precision: str) -> torch.dtype:
     """The torch dtype of a precision name; the one table of it in the project."""

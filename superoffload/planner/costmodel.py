@@ -8,9 +8,10 @@ ends of iterations 2 and 3 (iteration 1 starts with all weights already in place
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
+from superoffload.options import ENGINE_DEFAULTS, MEMORY_DEFAULTS, SHARED_KEYS
 from superoffload.planner import buckets as bk
 from superoffload.planner import overhead as ov
 from superoffload.planner.flops import (
@@ -787,7 +788,9 @@ def estimate_memory(w: Workload, hw: HardwareProfile, spec: SystemSpec, opts: Op
     shard = 1.0 / world if spec.shard_optimizer else 1.0  # the share of the state this rank holds
     if spec.name == "superoffload":
         # the engine's own allocations, as its memory ledger counts them (memory.engine_memory)
-        mem = engine_memory(sh, w.seq, w.batch, w.activation_checkpointing, engine_memory_input(opts, hw, world, w))
+        inp = engine_memory_input(opts, world=world, device_is_host=hw.device_is_host, sp=w.sp,
+                                  offload_checkpoints=w.offload_checkpoints, loss_tile=w.loss_tile)
+        mem = engine_memory(sh, w.seq, w.batch, w.activation_checkpointing, inp)
         mem.device["reserve"] = hw.device_reserve_bytes
         mem.host["reserve"] = hw.host_reserve_bytes
         return mem
@@ -852,16 +855,22 @@ def estimate_memory(w: Workload, hw: HardwareProfile, spec: SystemSpec, opts: Op
     return m
 
 
-def engine_memory_input(opts: Options, hw: HardwareProfile, world: int = 1,
-                        w: Workload | None = None) -> EngineMemoryInput:
-    """The SuperOffload engine config a prediction's options stand for (and the workload's long-sequence
-    pieces, which set the model's share)."""
-    return EngineMemoryInput(
-        precision=opts.precision, bucket_size=opts.bucket_size, device_tail_buckets=opts.device_tail_buckets,
-        flow_layers=tuple(opts.flow_layers), flow_prefetch=opts.flow_prefetch, grad_cast=opts.grad_cast,
-        param_cast=opts.param_cast, rollback_mode=opts.rollback_mode, grad_accum=opts.grad_accum, world=world,
-        upload_slots=opts.upload_slots, device_is_host=hw.device_is_host, sp=w.sp if w else 1,
-        offload_checkpoints=bool(w and w.offload_checkpoints), loss_tile=w.loss_tile if w else None)
+def engine_memory_input(engine: Options | Mapping[str, Any], *, world: int = 1, device_is_host: bool = False,
+                        sp: int = 1, offload_checkpoints: bool = False,
+                        loss_tile: int | None = None) -> EngineMemoryInput:
+    """What the SuperOffload engine's memory depends on (``memory.engine_memory``), built here only: the planner
+    prices a prediction's Options with it and ``bench memory`` the engine config it ran.
+
+    ``engine``: the planner's Options, or an engine config dict (``SuperOffloadConfig.to_dict()``, as run records
+    keep it; a key it lacks takes the engine's default). The rest are the run's facts: ranks, whether the device
+    is the host, and the long-sequence pieces that set the model's share."""
+    cfg = asdict(engine) if isinstance(engine, Options) else engine
+    keys = {f.name for f in fields(EngineMemoryInput)} & {*SHARED_KEYS, *MEMORY_DEFAULTS}
+    values = {k: cfg.get(k, MEMORY_DEFAULTS.get(k, ENGINE_DEFAULTS.get(k))) for k in keys}
+    values["amsgrad"] = (cfg.get("optimizer") or {}).get("amsgrad", MEMORY_DEFAULTS["amsgrad"])
+    values["flow_layers"] = tuple(values["flow_layers"] or ())
+    return EngineMemoryInput(**values, world=world, device_is_host=device_is_host, sp=sp,
+                             offload_checkpoints=offload_checkpoints, loss_tile=loss_tile)
 
 
 # ------------------------------------------------------------------------------------------ predict

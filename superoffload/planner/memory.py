@@ -13,11 +13,19 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
+from superoffload.options import (
+    ENGINE_DEFAULTS,
+    MEMORY_DEFAULTS,
+    PRECISION_BYTES,
+    CastSide,
+    Precision,
+    RollbackMode,
+)
 from superoffload.packing import ShapeTensor, chains, plan_buckets, tail_start
 from superoffload.shapes import ModelShape, ulysses_kv_repeat
 
-BF16 = 2
-FP32 = 4
+BF16 = PRECISION_BYTES["bf16"]
+FP32 = PRECISION_BYTES["fp32"]
 ADAM_STATE = 3 * FP32  # fp32 master, m, v
 # host bytes/param that exact rollback keeps: full_copy double-buffers master, m and v
 ROLLBACK_EXTRA_HOST_BYTES = {"deferred": 0, "full_copy": ADAM_STATE}
@@ -169,26 +177,28 @@ class MemoryEstimate:
 # ---------------------------------------------------------------------------------------------------
 HOST_ALIGN = 64  # bytes: every carved host buffer starts on a cache line (engine/buffers.py)
 NORM_BYTES = 8  # the fp64 squared norm of each bucket (device) and of each host shard (pinned)
-PRECISION_BYTES = {"fp32": FP32, "bf16": BF16, "fp16": BF16}
 PINNED_KEYS = frozenset({"landing", "upload", "norms", "flow_stores"})
 
 
 @dataclass(frozen=True)
 class EngineMemoryInput:
-    """The engine config keys and run facts its memory depends on."""
+    """The engine config keys and run facts its memory depends on. The keys have the engine's names, types and
+    defaults (superoffload.options); ``costmodel.engine_memory_input`` builds one from an engine config or the
+    planner's Options."""
 
-    precision: str = "bf16"
-    bucket_size: int = 1 << 24
-    device_tail_buckets: int = 0
-    flow_layers: tuple[int, ...] = ()
-    flow_prefetch: int = 1
-    grad_cast: str = "device"
-    param_cast: str = "host"
-    rollback_mode: str = "deferred"
-    amsgrad: bool = False
-    grad_accum: int = 1
-    staging_buffers: int = 2
-    upload_slots: int = 0
+    precision: Precision = ENGINE_DEFAULTS["precision"]
+    bucket_size: int = ENGINE_DEFAULTS["bucket_size"]
+    device_tail_buckets: int = ENGINE_DEFAULTS["device_tail_buckets"]
+    flow_layers: tuple[int, ...] = tuple(ENGINE_DEFAULTS["flow_layers"])
+    flow_prefetch: int = ENGINE_DEFAULTS["flow_prefetch"]
+    grad_cast: CastSide = ENGINE_DEFAULTS["grad_cast"]
+    param_cast: CastSide = ENGINE_DEFAULTS["param_cast"]
+    rollback_mode: RollbackMode = ENGINE_DEFAULTS["rollback_mode"]
+    amsgrad: bool = MEMORY_DEFAULTS["amsgrad"]
+    grad_accum: int = ENGINE_DEFAULTS["grad_accum"]
+    staging_buffers: int = MEMORY_DEFAULTS["staging_buffers"]
+    upload_slots: int = ENGINE_DEFAULTS["upload_slots"]
+    # run facts
     world: int = 1
     device_is_host: bool = False
     # the model side of a long-sequence run (superoffload/sequence): Ulysses degree, checkpoints in host

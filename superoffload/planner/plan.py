@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 import superoffload.units as units
-from superoffload.options import CastSide, HostOptimizer, Precision, RollbackMode
+from superoffload.options import PRECISION_BYTES, CastSide, HostOptimizer, Precision, RollbackMode
 from superoffload.planner import buckets as bk
 from superoffload.planner.costmodel import (
     Prediction,
@@ -29,7 +29,6 @@ from superoffload.planner.memory import (
     ADAM_STATE,
     BF16,
     OFFLOAD_WINDOW_BLOCKS,
-    PRECISION_BYTES,
     ROLLBACK_EXTRA_HOST_BYTES,
     act_bytes_per_token,
     block_transient,

@@ -62,3 +62,25 @@ def test_profiles_with_the_old_host_kernel_name_still_load(tmp_path) -> None:
     prof = HardwareProfile.load(path)
     assert set(prof.host_adam_gbps) == {"grace", "torch", "cpuadam"}
     assert prof == get_profile("gh200")
+
+
+def test_engine_memory_input_has_the_engines_names_and_defaults() -> None:
+    """The memory model's input is built from the engine's vocabulary, not defaults of its own: its defaults are
+    SuperOffloadConfig's, and an engine config and the Options read from it give the same input."""
+    from superoffload.options import MEMORY_DEFAULTS
+    from superoffload.planner.costmodel import engine_memory_input
+    from superoffload.planner.memory import EngineMemoryInput
+
+    engine = SuperOffloadConfig().to_dict()
+    assert engine["staging_buffers"] == MEMORY_DEFAULTS["staging_buffers"]
+    assert engine["optimizer"]["amsgrad"] == MEMORY_DEFAULTS["amsgrad"]
+    blank = EngineMemoryInput()
+    for f in dataclasses.fields(EngineMemoryInput):
+        if f.name in engine:
+            want = tuple(engine[f.name]) if f.name == "flow_layers" else engine[f.name]
+            assert getattr(blank, f.name) == want, f.name
+    cfg = SuperOffloadConfig.from_any({"precision": "bf16", "bucket_size": 4096, "device_tail_buckets": 2,
+                                       "grad_cast": "host", "flow_layers": [1], "upload_slots": 3}).to_dict()
+    assert engine_memory_input(cfg, world=2) == engine_memory_input(Options.from_engine_config(cfg), world=2)
+    with_ring = engine_memory_input({**cfg, "staging_buffers": 3, "optimizer": {**cfg["optimizer"], "amsgrad": True}})
+    assert (with_ring.staging_buffers, with_ring.amsgrad) == (3, True)

@@ -40,17 +40,13 @@ RECORD_KIND = "memory_bench"
 
 def _planned(shape: Any, seq: int, batch: int, checkpointing: bool, cfg: Any, world: int,
              device_is_host: bool, offload_checkpoints: bool = False, loss_tile: int | None = None) -> Any:
-    from superoffload.planner.memory import EngineMemoryInput, engine_memory
+    from superoffload.planner.costmodel import engine_memory_input
+    from superoffload.planner.memory import engine_memory
 
     if shape.learned_positions:  # the harness builds position embeddings for the run's sequence length
         shape = dataclasses.replace(shape, max_seq=seq)
-    inp = EngineMemoryInput(
-        precision=cfg.precision, bucket_size=cfg.bucket_size, device_tail_buckets=cfg.device_tail_buckets,
-        flow_layers=tuple(cfg.flow_layers), flow_prefetch=cfg.flow_prefetch, grad_cast=cfg.grad_cast,
-        param_cast=cfg.param_cast, rollback_mode=cfg.rollback_mode, amsgrad=cfg.optimizer.amsgrad,
-        grad_accum=cfg.grad_accum, staging_buffers=cfg.staging_buffers, upload_slots=cfg.upload_slots, world=world,
-        device_is_host=device_is_host,
-        offload_checkpoints=offload_checkpoints, loss_tile=loss_tile)
+    inp = engine_memory_input(cfg.to_dict(), world=world, device_is_host=device_is_host,
+                              offload_checkpoints=offload_checkpoints, loss_tile=loss_tile)
     return engine_memory(shape, seq, batch, checkpointing, inp)
 
 
