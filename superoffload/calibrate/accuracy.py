@@ -73,7 +73,7 @@ def compare(records: list[dict[str, Any]], hw: HardwareProfile) -> list[dict[str
             continue
         r = rec["run"]
         w = Workload(get_shape(rec["model"]["name"]), r["seq"], r["batch"], r.get("activation_checkpointing", False),
-                     dtype=r["dtype"], **run_host(rec))
+                     precision=r["dtype"], **run_host(rec))
         opts = run_options(rec)
         pred = predict(rec["system"], w, hw, opts)
         op = pred if not hw.compute_profiles else predict(rec["system"], w, op_model, opts)

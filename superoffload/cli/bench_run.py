@@ -425,7 +425,7 @@ def check_memory(run: RunConfig, shape: ModelShape, host_available: float | None
         return
     opts = Options(precision=run.precision, grad_clip=run.grad_clip, grad_accum=run.grad_accum)
     w = Workload(positions_for(shape, run.seq) if long_kw else shape, run.seq, run.batch,
-                 bool(run.activation_checkpointing), dtype=run.precision, **long_kw)
+                 bool(run.activation_checkpointing), precision=run.precision, **long_kw)
     mem = estimate_memory(w, hw, system_spec(run.system, opts, n, world=w.chips), opts)
     on_device = mem.device_total
     if run.precision == "fp32":

@@ -8,10 +8,10 @@ ends of iterations 2 and 3 (iteration 1 starts with all weights already in place
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import InitVar, asdict, dataclass, field, fields, replace
 from typing import Any
 
-from superoffload.options import ENGINE_DEFAULTS, MEMORY_DEFAULTS, SHARED_KEYS
+from superoffload.options import ENGINE_DEFAULTS, MEMORY_DEFAULTS, SHARED_KEYS, Precision
 from superoffload.planner import buckets as bk
 from superoffload.planner import overhead as ov
 from superoffload.planner.flops import (
@@ -42,11 +42,13 @@ ITERATIONS = 3
 
 @dataclass(frozen=True)
 class Workload:
+    """What one rank trains, and on which host. ``precision`` was called ``dtype`` (still accepted as a keyword)."""
+
     shape: ModelShape
     seq: int  # sequence length (the global one under sequence parallelism)
     batch: int  # micro-batch (sequences)
     activation_checkpointing: bool = True
-    dtype: str | None = None  # compute dtype; a profiled-compute entry must match it when given
+    precision: Precision | None = None  # training precision; a profiled-compute entry must match it when given
     chips: int = 1  # ranks, one per chip, each with its own host; chips / sp data-parallel groups
     ranks_per_node: int | None = None  # None: as many as a node of the profile holds
     # Long sequences (superoffload/sequence, docs/cost_model.md "Long sequences"):
@@ -60,8 +62,11 @@ class Workload:
     cores_per_rank: float | None = None
     compute_threads: int | None = None
     host_threads: int | None = None
+    dtype: InitVar[str | None] = None  # the old name of ``precision``
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, dtype: str | None) -> None:
+        if dtype is not None:
+            object.__setattr__(self, "precision", dtype)  # frozen: set once, here
         if self.chips < 1 or (self.ranks_per_node is not None and self.ranks_per_node < 1):
             raise ValueError(f"chips and ranks_per_node must be >= 1, got {self.chips}, {self.ranks_per_node}")
         if not isinstance(self.sp, int) or isinstance(self.sp, bool) or self.sp < 1:
@@ -220,7 +225,7 @@ class _Costs:
 
 
 def _activation_bytes(w: Workload) -> int:
-    return FP32 if w.dtype == "fp32" else BF16
+    return FP32 if w.precision == "fp32" else BF16
 
 
 def ulysses_block_seconds(w: Workload, hw: HardwareProfile) -> float:
@@ -258,7 +263,7 @@ def profiled_compute(w: Workload, hw: HardwareProfile) -> dict[str, Any] | None:
     entry = (hw.compute_profiles or {}).get(workload_key(w.shape.name, w.seq, w.batch))
     if entry is None or entry.get("shape") != shape_signature(w.shape):
         return None
-    if w.dtype is not None and entry.get("dtype") != w.dtype:
+    if w.precision is not None and entry.get("dtype") != w.precision:
         return None
     return entry
 

@@ -84,3 +84,14 @@ def test_engine_memory_input_has_the_engines_names_and_defaults() -> None:
     assert engine_memory_input(cfg, world=2) == engine_memory_input(Options.from_engine_config(cfg), world=2)
     with_ring = engine_memory_input({**cfg, "staging_buffers": 3, "optimizer": {**cfg["optimizer"], "amsgrad": True}})
     assert (with_ring.staging_buffers, with_ring.amsgrad) == (3, True)
+
+
+def test_workload_precision_keeps_its_old_name() -> None:
+    from dataclasses import replace
+
+    from superoffload.planner.costmodel import Workload
+    from superoffload.shapes import get_shape
+
+    w = Workload(get_shape("gpt-tiny"), 32, 2, dtype="fp32")
+    assert w.precision == "fp32" and w == Workload(get_shape("gpt-tiny"), 32, 2, precision="fp32")
+    assert replace(w, sp=1).precision == "fp32"
