@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 from superoffload.harness.noise import flags_of
-from superoffload.harness.record import write_json_atomic
+from superoffload.harness.record import load_records, precision_of, world_of, write_json_atomic
 from superoffload.options import PRECISIONS
 from superoffload.planner.costmodel import Workload, predict
 from superoffload.planner.hardware import HardwareProfile
@@ -41,16 +40,16 @@ def run_options(rec: dict[str, Any]) -> Options:
     if rec["system"] == "superoffload" and cfg:
         return Options.from_engine_config(cfg)
     run = rec["run"]
-    dtype = run.get("dtype")
+    precision = precision_of(rec)
     return Options(grad_clip=run.get("grad_clip", 0.0), grad_accum=run.get("grad_accum", 1),
-                   precision=dtype if dtype in PRECISIONS else "bf16")
+                   precision=precision if precision in PRECISIONS else "bf16")
 
 
 def run_host(rec: dict[str, Any]) -> dict[str, Any]:
     """The workload's ranks and host of the run a record describes: its world size, and the rank's cores (its
     --bind-cores slice, or a share of the CPUs it could use), compute threads and host optimizer threads, where
     the record says them (older records: the profile's defaults)."""
-    world = int(rec.get("world_size") or 1)
+    world = world_of(rec)
     out: dict[str, Any] = {"chips": world}
     where = rec.get("placement") or {}
     cores = where.get("cores")
@@ -73,13 +72,13 @@ def compare(records: list[dict[str, Any]], hw: HardwareProfile) -> list[dict[str
             continue
         r = rec["run"]
         w = Workload(get_shape(rec["model"]["name"]), r["seq"], r["batch"], r.get("activation_checkpointing", False),
-                     precision=r["dtype"], **run_host(rec))
+                     precision=precision_of(rec), **run_host(rec))
         opts = run_options(rec)
         pred = predict(rec["system"], w, hw, opts)
         op = pred if not hw.compute_profiles else predict(rec["system"], w, op_model, opts)
         measured = rec["timing"]["median_s"]
         rows.append({"system": rec["system"], "model": rec["model"]["name"], "seq": r["seq"], "batch": r["batch"],
-                     "dtype": r["dtype"], "world": w.chips, "measured_s": measured, "predicted_s": pred.step_time_s,
+                     "dtype": w.precision, "world": w.chips, "measured_s": measured, "predicted_s": pred.step_time_s,
                      "rel_error": pred.step_time_s / measured - 1.0,
                      "within_target": abs(pred.step_time_s / measured - 1.0) <= TARGET,
                      "compute": pred.options["compute"], "op_model_s": op.step_time_s,
@@ -127,15 +126,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"superoffload validate: error: {folder} is not a folder", file=sys.stderr)
         return 2
     hw = get_profile(args.hardware)
-    recs = []
-    for path in sorted(folder.rglob("*.json")):
-        try:
-            rec = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
-        if isinstance(rec, dict) and rec.get("schema_version") == 1 and "system" in rec and "run" in rec:
-            recs.append(rec)
-    rows = compare(recs, hw)
+    rows = compare(load_records(folder), hw)
     print(format_rows(rows, hw.name))
     if args.out:
         write_json_atomic(args.out, {"hardware": hw.name, "target": TARGET, "rows": rows})

@@ -63,3 +63,23 @@ def test_a_multi_rank_record_is_predicted_with_its_ranks_and_host():
     # unbound, the ranks share the cores the process could use; an old record says nothing: the defaults
     assert run_host({"world_size": 2, "placement": {"cores": [0, 1], "bound": False}})["cores_per_rank"] == 1.0
     assert run_host({}) == {"chips": 1}
+
+
+def test_validate_reads_a_results_folder_as_every_reader_does(tmp_path):
+    """`superoffload validate DIR` loads records through superoffload.harness.record: run records anywhere below
+    DIR count; other JSON, unreadable files and a writer's hidden temporary file do not."""
+    import argparse
+    import json
+
+    from superoffload.calibrate.accuracy import main
+    from superoffload.harness.record import write_record
+
+    rec = run_benchmark(RunConfig(system="torch", model="gpt-tiny", seq=32, batch=2, steps=2, warmup=1, threads=1))
+    write_record(tmp_path / "runs" / "torch" / "gpt-tiny_s32_b2.json", rec)
+    (tmp_path / "runs" / "torch" / ".gpt-tiny_s32_b2.json.tmp.json").write_text(json.dumps(rec))
+    (tmp_path / "sweep.json").write_text(json.dumps({"sweep": "cpu_smoke"}))
+    (tmp_path / "broken.json").write_text("{")
+    out = tmp_path / "rows.json"
+    assert main(argparse.Namespace(results_dir=str(tmp_path), hardware="cpu", out=str(out))) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["system"], r["dtype"], r["world"]) for r in rows] == [("torch", "fp32", 1)]
