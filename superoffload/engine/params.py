@@ -25,6 +25,24 @@ from superoffload.engine.config import ConfigError, SuperOffloadConfig
 GROUP_KEYS = ("lr", "betas", "eps", "weight_decay")
 
 
+def decay_split(params: Iterable[torch.Tensor]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """(decay, no_decay): the Hugging Face / nanoGPT weight-decay split of the trainable parameters. Matrices
+    (2-D and up) decay; biases, norms and other 1-D parameters do not. A parameter listed twice (tied weights)
+    counts once; frozen ones are left out. The engine's default groups, the torch baseline's (and through it
+    the DeepSpeed and FSDP baselines') and finetune's convergence reference all split by this, so a
+    comparison between them is fair."""
+    trainable = [p for p in dict.fromkeys(params) if p.requires_grad]
+    return [p for p in trainable if p.dim() >= 2], [p for p in trainable if p.dim() < 2]
+
+
+def decay_groups(params: Iterable[torch.Tensor], weight_decay: float) -> list[dict[str, Any]]:
+    """``decay_split`` as torch.optim parameter groups: the decaying ones at ``weight_decay``, the others (when
+    there are any) at 0."""
+    decay, no_decay = decay_split(params)
+    return [{"params": decay, "weight_decay": weight_decay}] + (
+        [{"params": no_decay, "weight_decay": 0.0}] if no_decay else [])
+
+
 def build_param_groups(model: nn.Module, cfg: SuperOffloadConfig, groups: Iterable[Any] | None,
                        as_torch: bool = False) -> list[dict[str, Any]]:
     o = cfg.optimizer
@@ -33,8 +51,8 @@ def build_param_groups(model: nn.Module, cfg: SuperOffloadConfig, groups: Iterab
     trainable = [p for p in dict.fromkeys(model.parameters()) if p.requires_grad]
     if groups is None:
         if cfg.weight_decay_split:
-            raw: list[dict[str, Any]] = [{"params": [p for p in trainable if p.dim() >= 2]},
-                                         {"params": [p for p in trainable if p.dim() < 2], "weight_decay": 0.0}]
+            decay, no_decay = decay_split(trainable)
+            raw: list[dict[str, Any]] = [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
         else:
             raw = [{"params": trainable}]
     else:

@@ -91,18 +91,18 @@ def run_superoffload(data: Path, out: Path, s: dict[str, Any]) -> tuple[list[flo
 
 
 def run_torch(data: Path, s: dict[str, Any]) -> tuple[list[float], torch.nn.Module, float]:
+    from superoffload.engine.params import decay_groups
     from superoffload.finetune.data import TrainData, load_rows
     from superoffload.finetune.model import load_model
     from superoffload.finetune.schedule import WarmupCosine, make_scheduler
     from superoffload.finetune.train import learned_tokens, step_loss_parts
-    from superoffload.harness.systems.torch_system import split_decay_groups
 
     t0 = time.perf_counter()
     loaded = load_model(s["model"], seed=s["seed"], activation_checkpointing=False)
     model = loaded.module
     rows = load_rows(data, loaded.tokenizer, max_length=s["seq"], pad=False, seed=s["seed"], vocab=loaded.shape.vocab)
     batches = TrainData(rows, s["batch"], 1, s["seed"])
-    opt = torch.optim.AdamW(split_decay_groups(model, s["weight_decay"]), lr=s["lr"], betas=tuple(s["betas"]),
+    opt = torch.optim.AdamW(decay_groups(model.parameters(), s["weight_decay"]), lr=s["lr"], betas=tuple(s["betas"]),
                             eps=s["eps"], fused=True)
     sched = make_scheduler(opt, WarmupCosine(total=s["steps"], warmup=s["warmup"]))
     losses = []

@@ -1,9 +1,10 @@
 """The torch baseline and the engine split weight decay alike, so a comparison between them is fair.
 
-The engine's split (superoffload/engine/params.py, ``weight_decay_split``) and the harness's
-(``torch_system.split_decay_groups``, also used by the DeepSpeed and FSDP baselines and finetune's
-convergence check) are still two pieces of code; this test keeps them one rule: matrices decay, biases,
-norms and other 1-D parameters do not, tied weights count once and frozen parameters are left out."""
+The engine's default groups (superoffload/engine/params.py, ``weight_decay_split``) and the harness's
+(``torch_system.split_decay_groups``, also used by the DeepSpeed and FSDP baselines; finetune's convergence
+check builds the same groups) both split by ``engine.params.decay_split``; this test keeps the groups they
+hand their optimizers one rule: matrices decay, biases, norms and other 1-D parameters do not, tied weights
+count once and frozen parameters are left out."""
 
 from __future__ import annotations
 

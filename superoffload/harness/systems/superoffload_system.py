@@ -205,6 +205,7 @@ class SuperOffloadSystem:
 
 def _plain_optimizer(model: torch.nn.Module, cfg: SuperOffloadConfig) -> Any:
     """superoffload.AdamW with the engine config a native run gets (its groups: the engine's default split)."""
+    from superoffload.engine.params import decay_split
     from superoffload.optim import AdamW
 
     d = cfg.to_dict()
@@ -212,10 +213,11 @@ def _plain_optimizer(model: torch.nn.Module, cfg: SuperOffloadConfig) -> Any:
     clip = d.pop("grad_clip")
     d.pop("grad_accum")
     split = d.pop("weight_decay_split")
-    trainable = [p for p in dict.fromkeys(model.parameters()) if p.requires_grad]
-    groups = ([{"params": [p for p in trainable if p.dim() >= 2]},
-               {"params": [p for p in trainable if p.dim() < 2], "weight_decay": 0.0}] if split
-              else [{"params": trainable}])
+    if split:
+        decay, no_decay = decay_split(model.parameters())
+        groups = [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
+    else:
+        groups = [{"params": [p for p in dict.fromkeys(model.parameters()) if p.requires_grad]}]
     return AdamW([g for g in groups if g["params"]], lr=o["lr"], betas=tuple(o["betas"]), eps=o["eps"],
                  weight_decay=o["weight_decay"], amsgrad=o["amsgrad"], max_grad_norm=clip, model=model, plan=False,
                  config=d)

@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 import torch
 
 from superoffload.device import get_device
+from superoffload.engine.params import decay_groups
 from superoffload.harness.system import Batch, RunConfig
 from superoffload.options import torch_dtype
 from superoffload.shapes import ModelShape
@@ -42,18 +43,9 @@ def parse_options(system: str, options: Mapping[str, Any], known: Mapping[str, O
 
 
 def split_decay_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """The Hugging Face / nanoGPT split: matrices decay, biases, norms and 1-D params do not."""
-    seen: set[int] = set()
-    decay, no_decay = [], []
-    for p in model.parameters():
-        if not p.requires_grad or id(p) in seen:
-            continue
-        seen.add(id(p))
-        (decay if p.dim() >= 2 else no_decay).append(p)
-    groups = [{"params": decay, "weight_decay": weight_decay}]
-    if no_decay:
-        groups.append({"params": no_decay, "weight_decay": 0.0})
-    return groups
+    """The model's parameters as AdamW groups, split as the engine splits them (engine/params.py decay_split:
+    matrices decay, biases, norms and 1-D params do not)."""
+    return decay_groups(model.parameters(), weight_decay)
 
 
 class TorchSystem:
