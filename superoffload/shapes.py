@@ -89,7 +89,7 @@ class ModelShape:
 
         A *unit* is what one forward op needs: ``EMBEDDING_UNIT`` (token + position embedding),
         ``block_unit(i)``, ``FINAL_UNIT`` (final norm + an untied LM head). The "gpt" family follows
-        superoffload/harness/models/gpt.py (per block: ln1, qkv, proj, ln2, fc, fc2, weights before
+        superoffload/models/gpt.py (per block: ln1, qkv, proj, ln2, fc, fc2, weights before
         biases); the "hf" family the Llama layout of transformers (q, k, v, o, gate, up, down, two
         RMSNorms). Per block the numels add up to ``block_params()``; whatever the list does not name
         (the biases of an HF variant) is one more small tensor of the block. A tied LM head is the token

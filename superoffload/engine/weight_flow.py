@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# where our GPT and Hugging Face models (bare or wrapped by harness/models/hf.py) keep their blocks
+# where our GPT and Hugging Face models (bare or wrapped by superoffload/models/hf.py) keep their blocks
 AUTO_MODULE_LISTS = ("blocks", "model.model.layers", "model.layers")
 
 

@@ -243,7 +243,7 @@ def ulysses_block_seconds(w: Workload, hw: HardwareProfile) -> float:
 # Per transformer block forward: ~12 dispatched ops (2 norms, 4 GEMMs, attention, activation, 2 residual
 # adds, reshapes) and ~(14h + 2f) activation elements read or written per token outside the GEMMs;
 # the head adds the logits GEMM and ~4V elements per token of loss traffic. Backward is charged 2x
-# (as everywhere in this model). Counts read off superoffload/harness/models/gpt.py, not fitted.
+# (as everywhere in this model). Counts read off superoffload/models/gpt.py, not fitted.
 BLOCK_OPS = 12
 HEAD_OPS = 6
 ACT_BYTES = 4

@@ -13,7 +13,7 @@ from __future__ import annotations
 from superoffload.planner.hardware import HardwareProfile
 from superoffload.shapes import ModelShape
 
-# nn.Module calls per forward, read off superoffload/harness/models/gpt.py (GPT: Block, ln1, attn, qkv,
+# nn.Module calls per forward, read off superoffload/models/gpt.py (GPT: Block, ln1, attn, qkv,
 # proj, ln2, mlp, fc, fc2; top level: GPT, wte, wpe, ln_f, lm_head) and off transformers'
 # LlamaDecoderLayer for the "hf" family (layer, 2 norms, self_attn, q/k/v/o, mlp, gate/up/down, act;
 # top level: CausalLM, model, embed_tokens, rotary_emb, norm, lm_head).
