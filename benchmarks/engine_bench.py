@@ -23,8 +23,8 @@ import time
 import torch
 
 import superoffload
-from superoffload.cli.bench_run import _option
 from superoffload.harness import provenance
+from superoffload.harness.arguments import key_value
 from superoffload.harness.data import SyntheticData
 from superoffload.harness.models import build_model, get_shape
 from superoffload.harness.record import write_json_atomic
@@ -38,13 +38,13 @@ def overhead(args: argparse.Namespace) -> dict:
         for system in rows:
             opts = dict(args.option) if system == "superoffload" else {}
             run = RunConfig(system=system, model=args.model, seq=args.seq, batch=args.batch, steps=args.steps,
-                            warmup=2, dtype=args.dtype, threads=args.threads, device="cpu", system_options=opts)
+                            warmup=2, precision=args.precision, threads=args.threads, device="cpu", system_options=opts)
             rec = run_benchmark(run)
             assert rec["status"] == "ok", rec["error"]
             rows[system].append(rec["timing"]["median_s"])
     med = {k: statistics.median(v) for k, v in rows.items()}
     ratio = med["superoffload"] / med["torch"]
-    print(f"{args.model} seq={args.seq} batch={args.batch} {args.dtype} threads={args.threads} "
+    print(f"{args.model} seq={args.seq} batch={args.batch} {args.precision} threads={args.threads} "
           f"options={dict(args.option)}: "
           f"torch {1e3 * med['torch']:.1f} ms, superoffload {1e3 * med['superoffload']:.1f} ms, "
           f"ratio {ratio:.3f}x (target <= 1.15x); per-round medians {rows}")
@@ -121,8 +121,9 @@ def main() -> None:
     o.add_argument("--batch", type=int, default=2)
     o.add_argument("--steps", type=int, default=8)
     o.add_argument("--rounds", type=int, default=3)
-    o.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
-    o.add_argument("-o", "--option", type=_option, action="append", default=[], metavar="KEY=VALUE",
+    o.add_argument("--precision", "--dtype", dest="precision", default="fp32", choices=["fp32", "bf16"],
+                   help="training precision (default fp32; --dtype is its old name)")
+    o.add_argument("-o", "--option", type=key_value, action="append", default=[], metavar="KEY=VALUE",
                    help="superoffload system option (JSON value), repeatable")
     o.set_defaults(fn=overhead)
     s = sub.add_parser("speculation")

@@ -23,7 +23,7 @@ import signal
 import subprocess
 import sys
 
-from superoffload.harness.arguments import key_value
+from superoffload.harness.arguments import key_value, number
 from superoffload.harness.system import RunConfig
 from superoffload.harness.systems import SYSTEMS
 from superoffload.options import PRECISIONS
@@ -33,44 +33,11 @@ GiB = 2**30
 FP32_TRAINING_BYTES = 16  # per parameter: fp32 weights, gradients, Adam m and v
 
 
-def _positive_int(s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {s!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
-    return v
-
-
-def _nonneg_int(s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {s!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {v}")
-    return v
-
-
-def _nonneg_float(s: str) -> float:
-    try:
-        v = float(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {s!r}") from None
-    if not v >= 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {v}")
-    return v
-
-
-def _positive_float(s: str) -> float:
-    v = _nonneg_float(s)
-    if v == 0:
-        raise argparse.ArgumentTypeError("expected a number > 0, got 0")
-    return v
-
-
-_option = key_value  # the old name, which scripts outside the package still import
+# the number arguments' parsers (superoffload.harness.arguments.number)
+POSITIVE_INT = number(int, 1)
+NONNEG_INT = number(int, 0)
+NONNEG_FLOAT = number(float, 0)
+POSITIVE_FLOAT = number(float, 0, strict=True)
 
 
 def add_cli(sub: argparse._SubParsersAction) -> None:
@@ -82,30 +49,30 @@ def add_cli(sub: argparse._SubParsersAction) -> None:
                    help=f"system under test: {', '.join(SYSTEMS)}")
     p.add_argument("--model", required=True, choices=list(MODELS), metavar="MODEL",
                    help=f"model from the zoo: {', '.join(MODELS)}")
-    p.add_argument("--seq", type=_positive_int, default=128,
+    p.add_argument("--seq", type=POSITIVE_INT, default=128,
                    help="sequence length; with --sp the global length, split over the SP group (default 128)")
-    p.add_argument("--batch", type=_positive_int, default=2,
+    p.add_argument("--batch", type=POSITIVE_INT, default=2,
                    help="micro-batch size per rank; with --sp per data-parallel group of SP ranks (default 2)")
-    p.add_argument("--grad-accum", type=_positive_int, default=1,
+    p.add_argument("--grad-accum", type=POSITIVE_INT, default=1,
                    help="micro-batches per optimizer step (default 1)")
-    p.add_argument("--steps", type=_positive_int, default=10, help="timed steps after warm-up (default 10)")
-    p.add_argument("--warmup", type=_nonneg_int, default=2,
+    p.add_argument("--steps", type=POSITIVE_INT, default=10, help="timed steps after warm-up (default 10)")
+    p.add_argument("--warmup", type=NONNEG_INT, default=2,
                    help="warm-up steps, run but excluded from timing (default 2)")
     p.add_argument("--precision", "--dtype", dest="precision", choices=PRECISIONS, default="fp32",
                    help="training precision (default fp32; --dtype is its old name, and the record's key)")
     p.add_argument("--seed", type=int, default=1234, help="seed for weights and data (default 1234)")
-    p.add_argument("--lr", type=_positive_float, default=1e-3, help="learning rate (default 1e-3)")
-    p.add_argument("--weight-decay", type=_nonneg_float, default=0.1, help="AdamW weight decay (default 0.1)")
-    p.add_argument("--grad-clip", type=_nonneg_float, default=0.0,
+    p.add_argument("--lr", type=POSITIVE_FLOAT, default=1e-3, help="learning rate (default 1e-3)")
+    p.add_argument("--weight-decay", type=NONNEG_FLOAT, default=0.1, help="AdamW weight decay (default 0.1)")
+    p.add_argument("--grad-clip", type=NONNEG_FLOAT, default=0.0,
                    help="global-norm gradient clipping threshold; 0 disables (default 0)")
     p.add_argument("--checkpointing", action="store_true", help="activation checkpointing per block")
-    p.add_argument("--threads", type=_positive_int, default=None,
+    p.add_argument("--threads", type=POSITIVE_INT, default=None,
                    help="host threads for torch and the host optimizer (default: torch's default)")
     p.add_argument("--device", choices=["auto", "cuda", "host", "sim", "cpu"], default="auto",
                    help="auto uses CUDA when available, else host (the CPU; cpu is its old name); sim runs the "
                         "superoffload engine's CUDA code path on a simulated device with checked stream "
                         "ordering and a memory ledger (default auto)")
-    p.add_argument("--peak-flops", type=_positive_float, default=None,
+    p.add_argument("--peak-flops", type=POSITIVE_FLOAT, default=None,
                    help="override the peak FLOP/s used for MFU/HFU (default: GPU table or measured CPU peak)")
     p.add_argument("--data", default=None,
                    help="tokenized corpus file (flat uint16/uint32 token ids) instead of synthetic data")
@@ -118,11 +85,11 @@ def add_cli(sub: argparse._SubParsersAction) -> None:
                         "this command (gloo on the CPU, NCCL on GPUs, one GPU per rank); --batch is per rank, "
                         "the global batch is batch x grad-accum x N; only rank 0 writes --out, whose world_size is N "
                         "(default: one process, or the ranks of an enclosing torchrun)")
-    p.add_argument("--sp", type=_positive_int, default=1, metavar="K",
+    p.add_argument("--sp", type=POSITIVE_INT, default=1, metavar="K",
                    help="Ulysses sequence-parallel degree: K consecutive ranks split every sequence (each holds "
                         "seq/K tokens), N/K data-parallel groups; K must divide --nproc N, the model's attention "
                         "heads and --seq; systems: superoffload, ulysses (default 1)")
-    p.add_argument("--loss-tile", type=_positive_int, default=None, metavar="T",
+    p.add_argument("--loss-tile", type=POSITIVE_INT, default=None, metavar="T",
                    help="tiled cross-entropy holding at most T tokens' logits at a time (superoffload.sequence; "
                         "systems: superoffload, ulysses; default: the plain loss)")
     p.add_argument("--offload-checkpoints", action="store_true",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 
 
 def key_value(s: str) -> tuple[str, object]:
@@ -20,3 +21,24 @@ def key_value(s: str) -> tuple[str, object]:
         return key, json.loads(value)
     except json.JSONDecodeError:
         return key, value
+
+
+def number(kind: type[int] | type[float], low: float, *, strict: bool = False) -> Callable[[str], int | float]:
+    """An argparse ``type=`` for a number argument: a ``kind`` (int or float) of at least ``low`` (above it with
+    ``strict``); anything else is an error that says what was expected and what was given
+    ("expected a positive integer, got '0.5'", "expected a number >= 0, got -1.0")."""
+    if kind is int and low == 1 and not strict:
+        expected = "a positive integer"
+    else:
+        expected = f"{'an integer' if kind is int else 'a number'} {'>' if strict else '>='} {low:g}"
+
+    def parse(s: str) -> int | float:
+        try:
+            v = kind(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {s!r}") from None
+        if not (v > low if strict else v >= low):  # NaN fails both
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {v}")
+        return v
+
+    return parse
