@@ -215,21 +215,7 @@ def prepare(c: FinetuneConfig) -> Prepared:
     _check_scalars(c)
     check_data_path(c.data)
     _check_model_spec(c.model)
-    out = Path(c.out)
-    if out.exists() and not out.is_dir():
-        raise FinetuneInputError(f"--out {c.out!r} exists and is not a directory")
-    try:  # found now, not at the first save after the work
-        files.check_writable(out / ckpt.CHECKPOINTS)
-    except files.CheckpointError as e:
-        raise FinetuneInputError(f"--out: {e}") from None
-    resume_from, passed_over = ckpt.latest_checkpoint(out)
-    if c.resume and resume_from is None:
-        why = "; ".join(passed_over) or f"{ckpt.CHECKPOINTS}/{ckpt.LATEST} is missing and no step-* directory"
-        raise FinetuneInputError(f"--resume: {c.out} holds no intact checkpoint ({why})")
-    if not c.resume and (resume_from is not None or passed_over):
-        raise FinetuneInputError(f"{c.out} already holds checkpoints of a run"
-                                 f"{f' (latest intact: {resume_from.name})' if resume_from else ''}; pass --resume "
-                                 f"to continue it, or choose another --out")
+    resume_from, passed_over = _check_out(c)
     overrides = _load_overrides(c.config)
     if c.threads:
         torch.set_num_threads(c.threads)
@@ -287,6 +273,27 @@ def prepare(c: FinetuneConfig) -> Prepared:
         prep.notes += [f"note: skipped checkpoint {why}" for why in passed_over]
         _check_resume(prep)
     return prep
+
+
+def _check_out(c: FinetuneConfig) -> tuple[Path | None, list[str]]:
+    """--out is a directory this process can write, and its checkpoints agree with --resume: (the latest intact
+    checkpoint or None, why newer ones were passed over)."""
+    out = Path(c.out)
+    if out.exists() and not out.is_dir():
+        raise FinetuneInputError(f"--out {c.out!r} exists and is not a directory")
+    try:  # found now, not at the first save after the work
+        files.check_writable(out / ckpt.CHECKPOINTS)
+    except files.CheckpointError as e:
+        raise FinetuneInputError(f"--out: {e}") from None
+    resume_from, passed_over = ckpt.latest_checkpoint(out)
+    if c.resume and resume_from is None:
+        why = "; ".join(passed_over) or f"{ckpt.CHECKPOINTS}/{ckpt.LATEST} is missing and no step-* directory"
+        raise FinetuneInputError(f"--resume: {c.out} holds no intact checkpoint ({why})")
+    if not c.resume and (resume_from is not None or passed_over):
+        raise FinetuneInputError(f"{c.out} already holds checkpoints of a run"
+                                 f"{f' (latest intact: {resume_from.name})' if resume_from else ''}; pass --resume "
+                                 f"to continue it, or choose another --out")
+    return resume_from, passed_over
 
 
 def _check_finite_model(module: torch.nn.Module, source: str) -> None:
@@ -355,35 +362,90 @@ def _trainer_state(prep: Prepared, step: int, sched: Any, losses: list[float | N
             "buffers": ckpt.model_buffers(module)}
 
 
+@dataclass
+class _Training:
+    """What the parts of one ``train`` share: the engine and its schedule, the record being written, and the
+    state of the steps (losses, clocks, where they began and stopped)."""
+
+    engine: Any
+    sched: Any  # the LR scheduler over the engine's optimizer
+    schedule: WarmupCosine
+    rec: dict[str, Any]
+    data: TrainData
+    main: bool  # rank 0: prints, writes the record and the final model
+    stdout: TextIO
+    stderr: TextIO
+    losses: list[float | None] = field(default_factory=list)  # None: no learned token in the step; NaN: not finite
+    skipped: list[bool] = field(default_factory=list)  # the optimizer skipped the step (non-finite gradients)
+    start: int = 0  # the first step this process trains (a resumed run's checkpoint step)
+    end: int = 0  # the step it stops after: --stop-after or --steps, a pre-emption's step once it stopped
+    warm: int = 0  # first steps left out of throughput
+    peak: tuple[float, str] | None = None  # (FLOP/s, source) for MFU; None: not known
+    progress: Any = None  # Progress
+    telemetry: Any = None  # Telemetry
+    stop: StopRequest = field(default_factory=StopRequest)
+    times: list[float] = field(default_factory=list)
+    step: int = 0  # the step being trained (a failure's message names it)
+    stopped_at: int | None = None  # the step a signal stopped the run after
+    final_dir: Path | None = None
+
+    @property
+    def device(self) -> Any:
+        return self.engine.backend
+
+
 def train(prep: Prepared, *, stdout: TextIO | None = None, stderr: TextIO | None = None) -> dict[str, Any]:
     """Run the steps; return the run record (written to ``DIR/record.json`` by rank 0). A failure during
     training becomes a record with status "error" / "oom", as in the runner; an engine config the engine
-    rejects for this model raises FinetuneInputError before the first step."""
-    from superoffload.engine import initialize
-    from superoffload.harness.telemetry import Telemetry
+    rejects for this model raises FinetuneInputError before the first step.
+
+    In parts, each short enough to read whole: ``_start`` (the engine and the record), ``_resume``
+    (a checkpoint's state), ``_clocks`` (what is timed and reported), ``_loop`` (``_train_step`` per step,
+    checkpoints, a stop request), ``_end_of_steps`` (the last checkpoint and the final model) and ``_finish``
+    (the record)."""
+    t = _start(prep, stdout or sys.stdout, stderr or sys.stderr)
+    _resume(prep, t)
+    _clocks(prep, t)
+    try:
+        t.stop.__enter__()
+        t.device.reset_peak_memory()
+        t.telemetry.start()
+        _loop(prep, t)
+        _end_of_steps(prep, t)
+        t.rec["system_stats"] = t.engine.stats
+    except Exception as e:  # noqa: BLE001 - a failure during training is a record, as in the runner
+        t.rec["status"] = "oom" if t.device.is_oom(e) else "error"
+        t.rec["error"] = f"{type(e).__name__}: {e}\n" + "".join(traceback.format_exc(limit=8))[-4000:]
+        t.final_dir = None
+        if t.main:
+            print(f"superoffload finetune: training failed at step {t.step + 1}: {type(e).__name__}: {e}",
+                  file=t.stderr)
+    finally:
+        t.stop.__exit__()
+        t.telemetry.stop()
+        t.progress.close()
+        t.engine.close()
+    return _finish(prep, t)
+
+
+def _start(prep: Prepared, stdout: TextIO, stderr: TextIO) -> _Training:
+    """Print the plan, join the ranks, build the engine over the loaded model and open the record."""
+    from superoffload.engine import ConfigError, initialize
     from superoffload.planner.explain import format_plan
 
-    c, loaded, run = prep.cfg, prep.loaded, prep.run
-    stdout, stderr = stdout or sys.stdout, stderr or sys.stderr
+    c, loaded, eng_cfg = prep.cfg, prep.loaded, prep.engine_config
     main = prep.rank == 0
-    out = Path(c.out)
-    eng_cfg = prep.engine_config
-    ga = eng_cfg.grad_accum
-    data = TrainData(prep.rows, c.batch, ga, c.seed, prep.rank, prep.world)
     if main:
         if c.print_plan:
             text = format_plan(prep.plan, loaded.shape) if prep.plan is not None else "Plan: off (--no-plan)"
             print(text, file=stdout)
             print(f"engine config: bucket_size {eng_cfg.bucket_size}, device_tail_buckets "
                   f"{eng_cfg.device_tail_buckets}, speculation {str(eng_cfg.speculation).lower()}, rollback_mode "
-                  f"{eng_cfg.rollback_mode}, precision {eng_cfg.precision}, grad_accum {ga}, grad_clip "
-                  f"{eng_cfg.grad_clip}" + (f" (--config overrides: {', '.join(sorted(prep.overrides))})"
-                                            if prep.overrides else ""), file=stdout, flush=True)
+                  f"{eng_cfg.rollback_mode}, precision {eng_cfg.precision}, grad_accum {eng_cfg.grad_accum}, "
+                  f"grad_clip {eng_cfg.grad_clip}" + (f" (--config overrides: {', '.join(sorted(prep.overrides))})"
+                                                      if prep.overrides else ""), file=stdout, flush=True)
         for note in prep.notes:
             print(note, file=stderr)
-
-    from superoffload.engine import ConfigError
-
     if prep.world > 1:
         _init_distributed(eng_cfg.device)
     buffers = snapshot_buffers(loaded.module)
@@ -392,145 +454,156 @@ def train(prep: Prepared, *, stdout: TextIO | None = None, stderr: TextIO | None
     except ConfigError as e:
         raise FinetuneInputError(f"engine config: {' '.join(str(e).split())}") from None
     restore_buffer_dtypes(engine.model, buffers)  # e.g. RoPE inv_freq stays fp32, as from_pretrained keeps it
-    del buffers
-    device = engine.backend
-    dtype = torch_dtype(eng_cfg.precision)
-    rec = new_record(run, loaded.shape, params=loaded.params, rank=prep.rank, device_name=device.name())
+    rec = new_record(prep.run, loaded.shape, params=loaded.params, rank=prep.rank, device_name=engine.backend.name())
     schedule = WarmupCosine(total=c.steps, warmup=prep.warmup, floor=c.min_lr_ratio)
-    sched = make_scheduler(engine.optimizer, schedule)
-    losses: list[float | None] = []  # None: no learned token in the step; NaN: the loss was not finite
-    skipped: list[bool] = []  # the optimizer skipped the step (non-finite gradients)
-    start = 0
-    if main:
-        for p in ckpt.remove_stale_temporaries(out):
-            print(f"note: removed {p} (left by a save that was killed or failed)", file=stderr)
-    if prep.resume_from is not None:
-        try:
-            engine_state, trainer = ckpt.load_checkpoint(prep.resume_from, prep.rank, prep.world)
-            engine.load_state_dict(engine_state)
-        except (files.CheckpointError, ValueError) as e:  # before any step: an input error, in one line
-            engine.close()
-            raise FinetuneInputError(f"--resume from {prep.resume_from}: {' '.join(str(e).split())}") from None
-        del engine_state
-        sched.load_state_dict(trainer["scheduler"])
-        ckpt.load_model_buffers(engine.model, trainer["buffers"])
-        ckpt.set_rng_state(trainer["rng"])
-        losses, start = list(trainer["losses"]), int(trainer["step"])
-        skipped = list(trainer.get("skipped", [False] * start))
-    end = c.stop_after or c.steps
-    ran = end - start
-    warm = min(c.timing_warmup, max(0, ran - 1))
-    run.warmup, run.steps = warm, c.steps - warm
-    rec["run"].update(warmup=warm, steps=c.steps - warm)
-    peak = None
-    try:
-        peak = resolve_peak(device.torch_device, dtype, c.peak_flops)
-    except ValueError as e:  # a GPU without a table entry: no MFU, say so once
-        if main:
-            print(f"note: {e}; MFU is not reported", file=stderr)
-    from superoffload.harness.flops import model_flops_per_token
+    return _Training(engine=engine, sched=make_scheduler(engine.optimizer, schedule), schedule=schedule, rec=rec,
+                     data=TrainData(prep.rows, c.batch, eng_cfg.grad_accum, c.seed, prep.rank, prep.world),
+                     main=main, stdout=stdout, stderr=stderr)
 
-    tokens_per_step = c.batch * ga * prep.max_length
-    progress = Progress(total=c.steps, start=start, tokens_per_step=tokens_per_step,
-                        flops_per_token=model_flops_per_token(loaded.shape, prep.max_length),
-                        peak_flops=peak[0] if peak else float("inf"), warmup=warm, log_every=c.log_every,
-                        enabled=main and c.progress, stream=stderr)
-    if start and main:
-        progress.message(f"resumed from {prep.resume_from} at step {start}")
-    telemetry = Telemetry(0.1, want_gpu=device.is_cuda)
-    times: list[float] = []
-    step = start
-    stop = StopRequest()
-    stopped_at = None
+
+def _resume(prep: Prepared, t: _Training) -> None:
+    """Clear what a killed save left, and continue from the checkpoint ``prepare`` chose: the engine's state,
+    the scheduler, the model's buffers, the RNG and the losses so far. A checkpoint that does not load is an
+    input error, before any step."""
+    if t.main:
+        for p in ckpt.remove_stale_temporaries(Path(prep.cfg.out)):
+            print(f"note: removed {p} (left by a save that was killed or failed)", file=t.stderr)
+    if prep.resume_from is None:
+        return
     try:
-        stop.__enter__()
-        device.reset_peak_memory()
-        telemetry.start()
-        dev = device.torch_device
-        for step in range(start, end):
-            batches = data.step_batches(step)
-            learned = _sum_over_ranks(learned_tokens(batches), prep.world, dev)
-            total = max(1, learned)
-            lr = engine.optimizer.param_groups[0]["lr"]
-            device.synchronize()
-            t0 = time.perf_counter()
-            acc = torch.zeros((), dtype=torch.float64, device=dev)
-            for x, y in batches:
-                x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
-                s = step_loss_parts(loaded.logits(engine, x), y)
-                engine.backward(s * (ga / total))
-                acc += s.detach().double()
-            try:
-                engine.step()
-            finally:  # a NonFiniteError still ends a complete (skipped) step: record it
-                skipped.append(engine.last_step_applied is False)
-            sched.step()
-            acc = _sum_over_ranks(acc, prep.world, dev)
-            loss = float(acc) / learned if learned else None  # no learned token: null in the record
-            device.synchronize()
-            times.append(time.perf_counter() - t0)
-            telemetry.mark_step(step)
-            losses.append(loss)
-            progress.update(step + 1, loss, lr, times[-1], skipped=skipped[-1])
-            done = step + 1
-            if done != end and c.save_every and done % c.save_every == 0:
-                _checkpoint(prep, engine, sched, losses, skipped, done, main)
-            # a signal to any rank stops every rank at this same boundary
-            if done != end and _sum_over_ranks(int(stop.requested), prep.world, dev):
-                if not (c.save_every and done % c.save_every == 0):
-                    _checkpoint(prep, engine, sched, losses, skipped, done, main)
-                stopped_at = done
-                break
-        step = end if stopped_at is None else stopped_at
-        if end > start and stopped_at is None:  # (a resume at --steps only writes final/ and the record)
-            _checkpoint(prep, engine, sched, losses, skipped, end, main)
-        final_dir = None
-        if stopped_at is not None:
-            end = stopped_at
-            rec["status"] = "preempted"
-            rec["error"] = (f"stopped by {stop.name or 'a signal to another rank'} after step {stopped_at}: "
-                            f"checkpoint {ckpt.step_dir_name(stopped_at)} written; continue with --resume")
-            if main:
-                progress.message(rec["error"])
-        elif end == c.steps:
-            states = _gather_on_rank0(engine.state_dict(), prep.world)
-            if main:
-                save_dtype = _resolve_save_dtype(c, loaded, eng_cfg.precision)
-                final_dir = ckpt.save_final(loaded, states, out, torch_dtype(save_dtype), save_dtype)
-                progress.message(f"saved {final_dir} ({save_dtype} weights and the tokenizer)")
-        rec["system_stats"] = engine.stats
-    except Exception as e:  # noqa: BLE001 - a failure during training is a record, as in the runner
-        rec["status"] = "oom" if device.is_oom(e) else "error"
-        rec["error"] = f"{type(e).__name__}: {e}\n" + "".join(traceback.format_exc(limit=8))[-4000:]
-        final_dir = None
-        if main:
-            print(f"superoffload finetune: training failed at step {step + 1}: {type(e).__name__}: {e}",
-                  file=stderr)
-    finally:
-        stop.__exit__()
-        telemetry.stop()
-        progress.close()
-        engine.close()
-    rec["telemetry"] = telemetry.summary(timed_from_step=start + warm)
+        engine_state, trainer = ckpt.load_checkpoint(prep.resume_from, prep.rank, prep.world)
+        t.engine.load_state_dict(engine_state)
+    except (files.CheckpointError, ValueError) as e:  # before any step: an input error, in one line
+        t.engine.close()
+        raise FinetuneInputError(f"--resume from {prep.resume_from}: {' '.join(str(e).split())}") from None
+    del engine_state
+    t.sched.load_state_dict(trainer["scheduler"])
+    ckpt.load_model_buffers(t.engine.model, trainer["buffers"])
+    ckpt.set_rng_state(trainer["rng"])
+    t.losses, t.start = list(trainer["losses"]), int(trainer["step"])
+    t.skipped = list(trainer.get("skipped", [False] * t.start))
+
+
+def _clocks(prep: Prepared, t: _Training) -> None:
+    """The steps this process trains and which of them are timed, the MFU peak, progress and telemetry."""
+    from superoffload.harness.flops import model_flops_per_token
+    from superoffload.harness.telemetry import Telemetry
+
+    c, run = prep.cfg, prep.run
+    t.end = c.stop_after or c.steps
+    t.warm = min(c.timing_warmup, max(0, t.end - t.start - 1))
+    run.warmup, run.steps = t.warm, c.steps - t.warm
+    t.rec["run"].update(warmup=t.warm, steps=c.steps - t.warm)
+    try:
+        t.peak = resolve_peak(t.device.torch_device, torch_dtype(prep.engine_config.precision), c.peak_flops)
+    except ValueError as e:  # a GPU without a table entry: no MFU, say so once
+        if t.main:
+            print(f"note: {e}; MFU is not reported", file=t.stderr)
+    t.progress = Progress(total=c.steps, start=t.start,
+                          tokens_per_step=c.batch * prep.engine_config.grad_accum * prep.max_length,
+                          flops_per_token=model_flops_per_token(prep.loaded.shape, prep.max_length),
+                          peak_flops=t.peak[0] if t.peak else float("inf"), warmup=t.warm, log_every=c.log_every,
+                          enabled=t.main and c.progress, stream=t.stderr)
+    if t.start and t.main:
+        t.progress.message(f"resumed from {prep.resume_from} at step {t.start}")
+    t.telemetry = Telemetry(0.1, want_gpu=t.device.is_cuda)
+    t.step = t.start
+
+
+def _loop(prep: Prepared, t: _Training) -> None:
+    """Train the steps from ``t.start`` to ``t.end``, checkpointing every --save-every; a signal to any rank
+    stops every rank at the same step boundary, checkpointed (``t.stopped_at``)."""
+    c, dev = prep.cfg, t.device.torch_device
+    for step in range(t.start, t.end):
+        t.step = step
+        _train_step(prep, t, step)
+        done = step + 1
+        if done != t.end and c.save_every and done % c.save_every == 0:
+            _checkpoint(prep, t.engine, t.sched, t.losses, t.skipped, done, t.main)
+        if done != t.end and _sum_over_ranks(int(t.stop.requested), prep.world, dev):
+            if not (c.save_every and done % c.save_every == 0):
+                _checkpoint(prep, t.engine, t.sched, t.losses, t.skipped, done, t.main)
+            t.stopped_at = done
+            return
+
+
+def _train_step(prep: Prepared, t: _Training, step: int) -> None:
+    """One optimizer step: every micro-batch's token-loss sum over the step's learned tokens (all ranks), the
+    engine's step and the scheduler's; its loss, time and whether it was skipped go to ``t``."""
+    engine, device, dev = t.engine, t.device, t.device.torch_device
+    ga = prep.engine_config.grad_accum
+    batches = t.data.step_batches(step)
+    learned = _sum_over_ranks(learned_tokens(batches), prep.world, dev)
+    total = max(1, learned)
+    lr = engine.optimizer.param_groups[0]["lr"]
+    device.synchronize()
+    t0 = time.perf_counter()
+    acc = torch.zeros((), dtype=torch.float64, device=dev)
+    for x, y in batches:
+        x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
+        s = step_loss_parts(prep.loaded.logits(engine, x), y)
+        engine.backward(s * (ga / total))
+        acc += s.detach().double()
+    try:
+        engine.step()
+    finally:  # a NonFiniteError still ends a complete (skipped) step: record it
+        t.skipped.append(engine.last_step_applied is False)
+    t.sched.step()
+    acc = _sum_over_ranks(acc, prep.world, dev)
+    loss = float(acc) / learned if learned else None  # no learned token: null in the record
+    device.synchronize()
+    t.times.append(time.perf_counter() - t0)
+    t.telemetry.mark_step(step)
+    t.losses.append(loss)
+    t.progress.update(step + 1, loss, lr, t.times[-1], skipped=t.skipped[-1])
+
+
+def _end_of_steps(prep: Prepared, t: _Training) -> None:
+    """After the last step: its checkpoint (a resume at --steps has none to write), then either the record of
+    a pre-emption or, at --steps, the final model (rank 0 writes it from every rank's state)."""
+    c = prep.cfg
+    t.step = t.end if t.stopped_at is None else t.stopped_at
+    if t.end > t.start and t.stopped_at is None:
+        _checkpoint(prep, t.engine, t.sched, t.losses, t.skipped, t.end, t.main)
+    if t.stopped_at is not None:
+        t.end = t.stopped_at
+        t.rec["status"] = "preempted"
+        t.rec["error"] = (f"stopped by {t.stop.name or 'a signal to another rank'} after step {t.stopped_at}: "
+                          f"checkpoint {ckpt.step_dir_name(t.stopped_at)} written; continue with --resume")
+        if t.main:
+            t.progress.message(t.rec["error"])
+    elif t.end == c.steps:
+        states = _gather_on_rank0(t.engine.state_dict(), prep.world)
+        if t.main:
+            save_dtype = _resolve_save_dtype(c, prep.loaded, prep.engine_config.precision)
+            t.final_dir = ckpt.save_final(prep.loaded, states, Path(c.out), torch_dtype(save_dtype), save_dtype)
+            t.progress.message(f"saved {t.final_dir} ({save_dtype} weights and the tokenizer)")
+
+
+def _finish(prep: Prepared, t: _Training) -> dict[str, Any]:
+    """Complete the record (telemetry, the plan, the fine-tune block, losses and throughput) and write it
+    (rank 0); a record that cannot be written turns into an error record, said in one line."""
+    from superoffload.harness.record import write_record
+
+    rec, out = t.rec, Path(prep.cfg.out)
+    rec["telemetry"] = t.telemetry.summary(timed_from_step=t.start + t.warm)
     stats = rec["system_stats"] or {}
     stats["plan"] = prep.plan.to_dict() if prep.plan is not None else None
-    stats["finetune"] = _finetune_block(prep, schedule, start, end, final_dir)
-    if stopped_at is not None:  # the CLI's exit code: EXIT_PREEMPTED, or EXIT_INTERRUPTED for SIGINT
-        stats["finetune"]["stopped_by"] = stop.name or "a signal to another rank"
-        stats["finetune"]["exit_code"] = stop.exit_code if stop.requested else EXIT_PREEMPTED
+    stats["finetune"] = _finetune_block(prep, t.schedule, t.start, t.end, t.final_dir)
+    if t.stopped_at is not None:  # the CLI's exit code: EXIT_PREEMPTED, or EXIT_INTERRUPTED for SIGINT
+        stats["finetune"]["stopped_by"] = t.stop.name or "a signal to another rank"
+        stats["finetune"]["exit_code"] = t.stop.exit_code if t.stop.requested else EXIT_PREEMPTED
     rec["system_stats"] = stats
     rec["rollbacks"] = stats.get("speculation")
     rec["plan"] = stats["plan"]
-    finish_record(rec, run=run, shape=loaded.shape, losses=losses, times=times, warmup=warm, peak_flops=peak,
-                  peak_device_bytes=device.peak_memory_bytes(), skipped=skipped)
-    if main:
-        from superoffload.harness.record import write_record
-
+    finish_record(rec, run=prep.run, shape=prep.loaded.shape, losses=t.losses, times=t.times, warmup=t.warm,
+                  peak_flops=t.peak, peak_device_bytes=t.device.peak_memory_bytes(), skipped=t.skipped)
+    if t.main:
         try:
             write_record(out / "record.json", rec)
         except OSError as e:  # a full disk or read-only directory here: one line, not a traceback
             print(f"superoffload finetune: error: {out / 'record.json'} not written: "
-                  f"{files.why_write_failed(e, out)}", file=stderr)
+                  f"{files.why_write_failed(e, out)}", file=t.stderr)
             rec["status"] = "error"
             rec["error"] = f"record.json not written: {files.why_write_failed(e, out)}"
     return rec
