@@ -27,16 +27,17 @@ import statistics
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from superoffload.device import DEVICE_KINDS, get_device
+from superoffload.device import DEVICE_KINDS, Device, get_device
 from superoffload.harness import peak, placement, record
 from superoffload.harness.data import SyntheticData, TokenFileData
 from superoffload.harness.models import build_model, count_params, get_shape
 from superoffload.harness.noise import NoiseSampler
-from superoffload.harness.system import RunConfig
+from superoffload.harness.system import RunConfig, System
 from superoffload.harness.systems import SYSTEMS, check_system, create_system
 from superoffload.harness.telemetry import Telemetry
 from superoffload.options import PRECISIONS, torch_dtype
@@ -174,10 +175,27 @@ def _place(run: RunConfig) -> dict[str, Any]:
 
 
 def run_benchmark(run: RunConfig, progress: Callable[[int, int, float], None] | None = None) -> dict[str, Any]:
-    """Run one benchmark and return its record (status ok / oom / error). Raises only on bad input."""
+    """Run one benchmark and return its record (status ok / oom / error). Raises only on bad input.
+
+    In three parts: ``_start_rank`` (checks, placement, threads, device and process group), ``_measure``
+    (build, set up and step the system; any failure becomes the record's status) and ``_complete_record``
+    (timing, noise, the ranks' merge and throughput)."""
     rank, world = _dist_env()
     run.world_size = world
     shape = validate_run(run)
+    where, device = _start_rank(run, world)
+    rec = record.new_record(run, shape, params=shape.total_params(), rank=rank, device_name=device.name())
+    rec["placement"] = where
+    telemetry = Telemetry(run.telemetry_interval_s, want_gpu=device.is_cuda)
+    m = _measure(run, shape, rank, device, rec, telemetry, progress)
+    _complete_record(rec, run, shape, device, rank, world, where, telemetry, m)
+    record.validate(rec)
+    return rec
+
+
+def _start_rank(run: RunConfig, world: int) -> tuple[dict[str, Any], Device]:
+    """Place this rank, size torch's thread pools, pick its device and join the process group: (where it
+    may run, the device)."""
     where = _place(run)  # before torch starts its thread pools: they inherit the binding
     if run.threads:
         torch.set_num_threads(run.threads)
@@ -189,46 +207,47 @@ def run_benchmark(run: RunConfig, progress: Callable[[int, int, float], None] | 
     device = get_device(run.device)
     if world > 1:
         _init_distributed(device.type)
-    dtype = torch_dtype(run.precision)
-    rec = record.new_record(run, shape, params=shape.total_params(), rank=rank, device_name=device.name())
-    rec["placement"] = where
-    telemetry = Telemetry(run.telemetry_interval_s, want_gpu=device.is_cuda)
+    return where, device
+
+
+@dataclass
+class _Measured:
+    """What the steps left, complete or not: a failure part-way keeps the steps before it."""
+
+    times: list[float] = field(default_factory=list)  # every step's, warm-up first
+    losses: list[float] = field(default_factory=list)
+    skipped: list[bool] | None = field(default_factory=list)  # None: the system does not say
+    sampler: NoiseSampler | None = None  # None: the steps never began
+
+
+def _make_data(run: RunConfig, shape: ModelShape, rank: int) -> SyntheticData | TokenFileData:
+    """The run's batches: a token file (``-o data=PATH``) or synthetic tokens."""
+    data_path = run.system_options.get("data")
+    data_cls = TokenFileData if data_path else SyntheticData
+    data_kw = {"path": data_path, "dtype": run.system_options.get("data_dtype", "uint16")} if data_path else {}
+    # the data stream is seeded by the data-parallel rank: every rank of an SP group draws the same global
+    # batch (whole sequences of run.seq tokens), which the system shards along the sequence
+    return data_cls(vocab=shape.vocab, seq=run.seq, batch=run.batch, grad_accum=run.grad_accum,
+                    seed=run.seed, rank=rank // run.sp, **data_kw)
+
+
+def _measure(run: RunConfig, shape: ModelShape, rank: int, device: Device, rec: dict[str, Any], telemetry: Telemetry,
+             progress: Callable[[int, int, float], None] | None) -> _Measured:
+    """Build the model, hand it to the system and run the warm-up and timed steps. Every failure becomes the
+    record's status and error; the system is torn down either way."""
+    m = _Measured()
     system = None
-    sampler: NoiseSampler | None = None
-    times: list[float] = []
-    losses: list[float] = []
-    skipped: list[bool] | None = []
     try:
         model = build_model(shape, seq=run.seq, seed=run.seed, activation_checkpointing=run.checkpointing_mode)
         rec["model"]["params"] = count_params(model)
-        data_path = run.system_options.get("data")
-        data_cls = TokenFileData if data_path else SyntheticData
-        data_kw = {"path": data_path, "dtype": run.system_options.get("data_dtype", "uint16")} if data_path else {}
-        # the data stream is seeded by the data-parallel rank: every rank of an SP group draws the same global
-        # batch (whole sequences of run.seq tokens), which the system shards along the sequence
-        data = data_cls(vocab=shape.vocab, seq=run.seq, batch=run.batch, grad_accum=run.grad_accum,
-                        seed=run.seed, rank=rank // run.sp, **data_kw)
+        data = _make_data(run, shape, rank)
         system = create_system(run.system)
         system.setup(model, shape, run)
         del model
         device.reset_peak_memory()
-        total = run.warmup + run.steps
-        sampler = NoiseSampler().start()
+        m.sampler = NoiseSampler().start()
         telemetry.start()
-        for i in range(total):
-            batch = data.batch_at(i)
-            device.synchronize()
-            t0 = time.perf_counter()
-            loss = system.step(batch)
-            device.synchronize()
-            times.append(time.perf_counter() - t0)
-            telemetry.mark_step(i)
-            lv = float(loss.detach().float().cpu())
-            losses.append(lv)
-            flag = getattr(system, "last_step_skipped", None)
-            skipped = None if skipped is None or flag is None else [*skipped, bool(flag)]
-            if progress:
-                progress(i + 1, total, lv)
+        _steps(run.warmup + run.steps, system, data, device, telemetry, m, progress)
         rec["system_stats"] = system.stats()
     except Exception as e:  # noqa: BLE001 - every failure becomes a record
         rec["status"] = "oom" if device.is_oom(e) else "error"
@@ -241,29 +260,52 @@ def run_benchmark(run: RunConfig, progress: Callable[[int, int, float], None] | 
                 system.teardown()
             except Exception as e:  # noqa: BLE001
                 log.warning("teardown failed: %s", e)
-    record.record_steps(rec, losses, skipped)  # NaN/Inf losses become null, marked in loss_nonfinite
+    return m
+
+
+def _steps(total: int, system: System, data: SyntheticData | TokenFileData, device: Device, telemetry: Telemetry,
+           m: _Measured, progress: Callable[[int, int, float], None] | None) -> None:
+    """``total`` steps, the device synchronized before each clock read; times, losses and skips go to ``m``."""
+    for i in range(total):
+        batch = data.batch_at(i)
+        device.synchronize()
+        t0 = time.perf_counter()
+        loss = system.step(batch)
+        device.synchronize()
+        m.times.append(time.perf_counter() - t0)
+        telemetry.mark_step(i)
+        lv = float(loss.detach().float().cpu())
+        m.losses.append(lv)
+        flag = getattr(system, "last_step_skipped", None)
+        m.skipped = None if m.skipped is None or flag is None else [*m.skipped, bool(flag)]
+        if progress:
+            progress(i + 1, total, lv)
+
+
+def _complete_record(rec: dict[str, Any], run: RunConfig, shape: ModelShape, device: Device, rank: int, world: int,
+                     where: dict[str, Any], telemetry: Telemetry, m: _Measured) -> None:
+    """The record's losses, memory, telemetry, noise and timing, this rank's entry (every rank's, merged, on
+    several) and, for an ok run, its throughput."""
+    record.record_steps(rec, m.losses, m.skipped)  # NaN/Inf losses become null, marked in loss_nonfinite
     rec["memory"] = record.memory_block(device.peak_memory_bytes())
     rec["telemetry"] = telemetry.summary(timed_from_step=run.warmup)
     if rec["system_stats"]:
         rec["rollbacks"] = rec["system_stats"].get("speculation")
         rec["plan"] = rec["system_stats"].get("plan")
-    timed = times[run.warmup:]
-    if sampler is not None:  # the machine's load and the steps' spread, flagged where not quiet (noise.py)
-        rec["noise"] = sampler.assess(timed, ranks=int(os.environ.get("LOCAL_WORLD_SIZE", world)))
-    tokens_per_rank = run.tokens_per_rank  # under --sp: seq / sp tokens of each sequence
+    timed = m.times[run.warmup:]
+    if m.sampler is not None:  # the machine's load and the steps' spread, flagged where not quiet (noise.py)
+        rec["noise"] = m.sampler.assess(timed, ranks=int(os.environ.get("LOCAL_WORLD_SIZE", world)))
     if rec["status"] == "ok" and timed:
-        rec["timing"] = record.timing_block(times, run.warmup)
-    mine = _rank_entry(rec, rank, tokens_per_rank, where)
+        rec["timing"] = record.timing_block(m.times, run.warmup)
+    mine = _rank_entry(rec, rank, run.tokens_per_rank, where)  # under --sp: seq / sp tokens of each sequence
     rec["ranks"] = [mine]
     if world > 1:
         _merge_ranks(rec, _gather(mine) if rec["status"] == "ok" else None)
     if rec["status"] == "ok" and timed:
-        peak_flops, source = peak.resolve_peak(device.torch_device, dtype, run.peak_flops)
+        peak_flops, source = peak.resolve_peak(device.torch_device, torch_dtype(run.precision), run.peak_flops)
         # the step ends when the slowest rank's does: per-device numbers use the slowest median
         slowest = max(r["median_step_s"] for r in rec["ranks"])
         rec["throughput"] = record.throughput_block(run, shape, slowest, peak_flops, source)
-    record.validate(rec)
-    return rec
 
 
 def _time_s(stats: Any, key: str) -> float | None:
