@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from statistics import median
 from typing import Any
 
 from superoffload import catalog
@@ -313,8 +312,3 @@ def rollback_counts(rec: dict[str, Any]) -> dict[str, float]:
         elif isinstance(v, list) and k.endswith(("steps", "events")):
             out[f"{k} (count)"] = float(len(v))
     return out
-
-
-def median_or_none(vals: list[float]) -> float | None:
-    vals = [v for v in vals if v is not None]
-    return median(vals) if vals else None

@@ -11,7 +11,6 @@ GRACE_ADAM_TABLE = {  # params -> {kernel: seconds}
     4e9: {"pt-cpu": 0.958, "cpu-adam": 0.393, "grace-adam": 0.316},
     8e9: {"pt-cpu": 1.834, "cpu-adam": 0.769, "grace-adam": 0.608},
 }
-GRACE_ADAM_STATUS = "V"
 
 # Largest model on one GH200 (billions of parameters, status) per harness system name.
 LARGEST_MODEL_B = {"superoffload": (25.0, "V"), "zero_offload": (15.0, "S"), "torch": (3.5, "S")}

@@ -263,7 +263,3 @@ class TrainData:
 
     def step_batches(self, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         return [self.micro_batch(step, k) for k in range(self.grad_accum)]
-
-    def epoch_of(self, step: int) -> float:
-        """Epochs completed after ``step`` optimizer steps (all ranks together)."""
-        return step * self.grad_accum * self.world * self.batch / len(self.rows)

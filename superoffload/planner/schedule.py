@@ -92,9 +92,6 @@ class Schedule:
                 out[op.kind] += op.duration
         return dict(out)
 
-    def finish_of(self, oid: int) -> float:
-        return self.finish[oid]
-
 
 def simulate(graph: Graph) -> Schedule:
     """Run the list scheduler; raises ValueError on a dependency cycle."""

@@ -20,10 +20,6 @@ MULTI_RANK: frozenset[str] = frozenset(s.name for s in catalog.SYSTEMS if s.mult
 SP_SYSTEMS: frozenset[str] = frozenset(s.name for s in catalog.SYSTEMS if s.sequence_parallel)
 
 
-def supports_sequence_parallel(name: str) -> bool:
-    return name in SP_SYSTEMS
-
-
 def supports_multi_rank(name: str) -> bool:
     return name in MULTI_RANK
 
