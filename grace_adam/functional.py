@@ -57,6 +57,48 @@ def _threads_arg(threads: int | None) -> int:
     return threads
 
 
+def _check_outputs(n: int, state: list[torch.Tensor], commit: bool, param_out: torch.Tensor | None,
+                   lowp_out: torch.Tensor | None, exp_avg_out: torch.Tensor | None,
+                   exp_avg_sq_out: torch.Tensor | None, max_exp_avg_sq_out: torch.Tensor | None) -> bool:
+    """adam_step's output buffers: dtypes and sizes, a whole new state for the out-of-place step, and no
+    overlap with an input (``state``: param, grad, exp_avg, exp_avg_sq[, max_exp_avg_sq]) or with each other.
+    Returns whether the step is out of place."""
+    amsgrad = len(state) == 5
+    outs: list[tuple[str, torch.Tensor]] = []
+    if param_out is not None:
+        outs.append(("param_out", _check("param_out", param_out, (torch.float32,), n)))
+    if lowp_out is not None:
+        outs.append(("lowp_out", _check("lowp_out", lowp_out, tuple(_LOWP_DTYPES), n)))
+    state_outs = [("exp_avg_out", exp_avg_out), ("exp_avg_sq_out", exp_avg_sq_out),
+                  ("max_exp_avg_sq_out", max_exp_avg_sq_out)]
+    given = [name for name, t in state_outs if t is not None]
+    if given:
+        if commit:
+            raise ValueError(f"{', '.join(given)} are for the out-of-place step: pass commit=False (commit=True "
+                             "updates exp_avg/exp_avg_sq in place)")
+        need = ["param_out", "exp_avg_out", "exp_avg_sq_out"] + (["max_exp_avg_sq_out"] if amsgrad else [])
+        have = set(given) | ({"param_out"} if param_out is not None else set())
+        if set(need) != have:
+            missing, extra = sorted(set(need) - have), sorted(have - set(need))
+            raise ValueError("the out-of-place step writes the whole new state: pass exactly "
+                             f"{', '.join(need)} (missing: {missing or 'none'}; not expected: {extra or 'none'})")
+        outs += [(name, _check(name, t, (torch.float32,), n)) for name, t in state_outs if t is not None]
+    if not commit and not outs:
+        raise ValueError("commit=False writes only param_out / lowp_out: pass at least one of them")
+    for oname, out in outs:
+        for s in state:
+            # The one harmless alias: writing the new param over param itself when committing.
+            if out is state[0] and commit and s is state[0]:
+                continue
+            if n and _overlaps(out, s):
+                raise ValueError(f"{oname} overlaps an input tensor; it must be a separate buffer")
+    for k, (aname, a) in enumerate(outs):
+        for bname, b in outs[k + 1:]:
+            if n and _overlaps(a, b):
+                raise ValueError(f"{aname} and {bname} overlap")
+    return bool(given)
+
+
 def adam_step(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, *,
               step: int, lr: float, beta1: float, beta2: float, eps: float, weight_decay: float = 0.0,
               adamw: bool = True, bias_correction: bool = True, grad_scale: float = 1.0,
@@ -89,39 +131,8 @@ def adam_step(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, ex
     state = [param, grad, exp_avg, exp_avg_sq]
     if max_exp_avg_sq is not None:
         state.append(_check("max_exp_avg_sq", max_exp_avg_sq, (torch.float32,), n))
-    outs: list[tuple[str, torch.Tensor]] = []
-    if param_out is not None:
-        outs.append(("param_out", _check("param_out", param_out, (torch.float32,), n)))
-    if lowp_out is not None:
-        outs.append(("lowp_out", _check("lowp_out", lowp_out, tuple(_LOWP_DTYPES), n)))
-    state_outs = [("exp_avg_out", exp_avg_out), ("exp_avg_sq_out", exp_avg_sq_out),
-                  ("max_exp_avg_sq_out", max_exp_avg_sq_out)]
-    given = [name for name, t in state_outs if t is not None]
-    if given:
-        if commit:
-            raise ValueError(f"{', '.join(given)} are for the out-of-place step: pass commit=False (commit=True "
-                             "updates exp_avg/exp_avg_sq in place)")
-        need = ["param_out", "exp_avg_out", "exp_avg_sq_out"] + (["max_exp_avg_sq_out"] if max_exp_avg_sq is not None
-                                                                  else [])
-        have = set(given) | ({"param_out"} if param_out is not None else set())
-        if set(need) != have:
-            missing, extra = sorted(set(need) - have), sorted(have - set(need))
-            raise ValueError("the out-of-place step writes the whole new state: pass exactly "
-                             f"{', '.join(need)} (missing: {missing or 'none'}; not expected: {extra or 'none'})")
-        outs += [(name, _check(name, t, (torch.float32,), n)) for name, t in state_outs if t is not None]
-    if not commit and not outs:
-        raise ValueError("commit=False writes only param_out / lowp_out: pass at least one of them")
-    for oname, out in outs:
-        for s in state:
-            # The one harmless alias: writing the new param over param itself when committing.
-            if out is param and commit and s is param:
-                continue
-            if n and _overlaps(out, s):
-                raise ValueError(f"{oname} overlaps an input tensor; it must be a separate buffer")
-    for k, (aname, a) in enumerate(outs):
-        for bname, b in outs[k + 1:]:
-            if n and _overlaps(a, b):
-                raise ValueError(f"{aname} and {bname} overlap")
+    out_of_place = _check_outputs(n, state, commit, param_out, lowp_out, exp_avg_out, exp_avg_sq_out,
+                                  max_exp_avg_sq_out)
     nthreads = _threads_arg(threads)
     c = adam_consts(step=step, lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay,
                     adamw=adamw, bias_correction=bias_correction, grad_scale=grad_scale)
@@ -131,7 +142,7 @@ def adam_step(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, ex
     if lib is None:
         stats = _fallback.grad_stats(grad, c.grad_scale, STATS_BLOCK) if return_stats else None
         _fallback.adam_step(param, grad, exp_avg, exp_avg_sq, max_exp_avg_sq, c, commit, param_out, lowp_out,
-                            (exp_avg_out, exp_avg_sq_out, max_exp_avg_sq_out) if given else None)
+                            (exp_avg_out, exp_avg_sq_out, max_exp_avg_sq_out) if out_of_place else None)
         return stats
     args = _backend.AdamArgs(
         param=param.data_ptr(), grad=grad.data_ptr(), exp_avg=exp_avg.data_ptr(),
