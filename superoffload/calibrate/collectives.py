@@ -186,25 +186,32 @@ def _rank(a: argparse.Namespace) -> None:
     hosts: list[Any] = [None] * a.world
     dist.all_gather_object(hosts, socket.gethostname())
     if a.rank == 0:
-        fits = {k: fit_collective(sizes, seconds[k], a.world) for k in COLLECTIVES}
-        half = {}
-        for name, secs in by_dtype.items():
-            f2 = {k: fit_collective(sizes, secs[k], a.world) for k in COLLECTIVES}
-            half[name] = {"seconds": secs, "latency_s": {k: f[0] for k, f in f2.items()},
-                          "gbps": {k: f[1] for k, f in f2.items()}}
-        out = {"backend": a.backend, "world": a.world, "sizes": sizes, "seconds": seconds,
-               "latency_s": {k: f[0] for k, f in fits.items()}, "gbps": {k: f[1] for k, f in fits.items()},
-               "dtypes": half,
-               "worker_issue_s": max(0.0, float(t.item()) - main_t), "host": socket.gethostname(),
-               "hosts": len(set(hosts)), "link_class": link_class(hosts),
-               "measured_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
-        if a.profile:
-            add_to_profile(a.profile, out)
-        else:
-            tmp = Path(a.out).with_suffix(".tmp")
-            tmp.write_text(json.dumps(out))
-            os.replace(tmp, a.out)
+        _write_result(a, sizes, seconds, by_dtype, max(0.0, float(t.item()) - main_t), hosts)
     dist.destroy_process_group()
+
+
+def _write_result(a: argparse.Namespace, sizes: list[int], seconds: dict[str, list[float]],
+                  by_dtype: dict[str, dict[str, list[float]]], worker_issue_s: float, hosts: list[Any]) -> None:
+    """Rank 0: fit each collective's latency and bandwidth (fp32, and each other dtype's curve) and write them
+    into --profile, else to --out."""
+    fits = {k: fit_collective(sizes, seconds[k], a.world) for k in COLLECTIVES}
+    half = {}
+    for name, secs in by_dtype.items():
+        f2 = {k: fit_collective(sizes, secs[k], a.world) for k in COLLECTIVES}
+        half[name] = {"seconds": secs, "latency_s": {k: f[0] for k, f in f2.items()},
+                      "gbps": {k: f[1] for k, f in f2.items()}}
+    out = {"backend": a.backend, "world": a.world, "sizes": sizes, "seconds": seconds,
+           "latency_s": {k: f[0] for k, f in fits.items()}, "gbps": {k: f[1] for k, f in fits.items()},
+           "dtypes": half,
+           "worker_issue_s": worker_issue_s, "host": socket.gethostname(),
+           "hosts": len(set(hosts)), "link_class": link_class(hosts),
+           "measured_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
+    if a.profile:
+        add_to_profile(a.profile, out)
+    else:
+        tmp = Path(a.out).with_suffix(".tmp")
+        tmp.write_text(json.dumps(out))
+        os.replace(tmp, a.out)
 
 
 def add_to_profile(path: str | os.PathLike[str], measured: dict[str, Any]) -> None:

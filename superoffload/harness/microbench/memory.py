@@ -50,6 +50,23 @@ def _planned(shape: Any, seq: int, batch: int, checkpointing: bool, cfg: Any, wo
     return engine_memory(shape, seq, batch, checkpointing, inp)
 
 
+def _train(engine: Any, data: Any, warmup: int, steps: int, offloader: Any) -> None:
+    """``warmup`` steps, then ``steps`` more with the device's peak memory (and the checkpoint offloader's, if
+    any) reset before them, so the peaks are the measured steps' alone."""
+    dev = engine.backend
+    for i in range(warmup + steps):
+        if i == warmup:
+            engine.synchronize()
+            dev.reset_peak_memory()
+            if offloader is not None:
+                offloader.reset_peak()
+        b = data.batch_at(i)
+        for x, y in zip(b.inputs, b.targets, strict=True):
+            engine.backward(engine(x.to(dev.torch_device), y.to(dev.torch_device)))
+        engine.step()
+    engine.synchronize()
+
+
 def measure(model: str, seq: int, batch: int, *, device: str = "sim", dtype: str = "bf16", grad_accum: int = 1,
             checkpointing: bool = False, options: dict[str, Any] | None = None, warmup: int = 2,
             steps: int = 1, seed: int = 0, offload_checkpoints: bool = False,
@@ -80,17 +97,7 @@ def measure(model: str, seq: int, batch: int, *, device: str = "sim", dtype: str
     dev = engine.backend
     try:
         data = SyntheticData(shape.vocab, seq, batch, grad_accum=grad_accum, seed=seed)
-        for i in range(warmup + steps):
-            if i == warmup:
-                engine.synchronize()
-                dev.reset_peak_memory()
-                if offload_checkpoints:
-                    net.activation_offloader.reset_peak()
-            b = data.batch_at(i)
-            for x, y in zip(b.inputs, b.targets, strict=True):
-                engine.backward(engine(x.to(dev.torch_device), y.to(dev.torch_device)))
-            engine.step()
-        engine.synchronize()
+        _train(engine, data, warmup, steps, net.activation_offloader if offload_checkpoints else None)
         rep = dev.memory_report()
         world = engine.comm.world
         ckpt_host = net.activation_offloader.stats().peak_host_bytes if offload_checkpoints else 0
