@@ -9,35 +9,43 @@
 set -uo pipefail
 OUT=${OUT:-device_out}
 mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
 LOG=$(mktemp)
-if scripts/bootstrap.sh bench,test >"$LOG" 2>&1; then
+# A machine that cannot reach a package index (OFFLINE=1) skips the bootstrap, whose pip would spend minutes
+# retrying, and installs the wheels carried in $WHEELS (default .whl) beside the machine's own torch.
+WHEELS=${WHEELS:-.whl}
+if [ "${OFFLINE:-0}" != 1 ] && timeout 300 scripts/bootstrap.sh bench,test >"$LOG" 2>&1; then
   PY=.venv/bin/python
 else
   PY=python3
+  if compgen -G "$WHEELS/*.whl" >/dev/null; then
+    $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$WHEELS"/*.whl >>"$LOG" 2>&1
+    export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+  fi
   export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-  echo "bootstrap failed (no network?): using $(command -v python3) with PYTHONPATH=$PWD" >>"$OUT/summary.txt"
-  $PY -m grace_adam.build >>"$LOG" 2>&1 || echo "grace_adam build failed (torch fallback)" >>"$OUT/summary.txt"
+  echo "no bootstrap (OFFLINE=${OFFLINE:-0} or it failed): $(command -v python3), PYTHONPATH=$PYTHONPATH" >>"$OUT/summary.txt"
+  timeout 120 $PY -m grace_adam.build >>"$LOG" 2>&1 || echo "grace_adam build failed (torch fallback)" >>"$OUT/summary.txt"
 fi
 SO="$PY -m superoffload"
 { date -u; nvidia-smi -q 2>/dev/null | head -30
   $PY -c 'import torch; print(torch.__version__, torch.cuda.get_device_name())'; tail -5 "$LOG"; } >>"$OUT/summary.txt" 2>&1
 # 1. the CUDA tests: stream ordering checked by torch's sanitizer, no hidden synchronization on the hot path
-TORCH_CUDA_SANITIZER=1 SUPEROFFLOAD_CUDA_SYNC_DEBUG=error timeout 300 $PY -m pytest -q -m cuda tests \
+TORCH_CUDA_SANITIZER=1 SUPEROFFLOAD_CUDA_SYNC_DEBUG=error timeout 200 $PY -m pytest -q -rfE --timeout=90 -m cuda tests \
   -p no:cacheprovider >"$OUT/cuda_tests.txt" 2>&1
 echo "cuda tests (TORCH_CUDA_SANITIZER=1) rc=$?" | tee -a "$OUT/summary.txt"
 tail -5 "$OUT/cuda_tests.txt" | tee -a "$OUT/summary.txt"
 # 2. device memory: measured (the allocator and the engine's ledger) vs the planner, as JSON
 for m in "gpt-small 256 2" "gpt-1b 1024 2"; do
   set -- $m
-  timeout 120 $SO bench memory --model "$1" --seq "$2" --batch "$3" --device cuda --checkpointing \
+  timeout 60 $SO bench memory --model "$1" --seq "$2" --batch "$3" --device cuda --checkpointing \
     --out "$OUT/memory_$1.json" >>"$OUT/summary.txt" 2>&1
 done
 # 3. a short benchmark, a quick calibration, and the cost model validated against the two runs
 for sys in torch superoffload; do
-  timeout 120 $SO bench run --system $sys --model gpt-1b --seq 1024 --batch 4 --dtype bf16 \
+  timeout 75 $SO bench run --system $sys --model gpt-1b --seq 1024 --batch 4 --dtype bf16 \
     --steps 8 --warmup 3 --checkpointing --no-progress --out "$OUT/run_$sys.json" >>"$OUT/summary.txt" 2>&1
 done
-timeout 90 $SO calibrate --quick --workloads gpt-1b:1024:4 --dtype bf16 --out "$OUT/profile.json" \
+timeout 60 $SO calibrate --quick --workloads gpt-1b:1024:4 --dtype bf16 --out "$OUT/profile.json" \
   >>"$OUT/summary.txt" 2>&1
-timeout 60 $SO validate "$OUT" --hardware "$OUT/profile.json" --out "$OUT/validation.json" >>"$OUT/summary.txt" 2>&1
+timeout 30 $SO validate "$OUT" --hardware "$OUT/profile.json" --out "$OUT/validation.json" >>"$OUT/summary.txt" 2>&1
 cat "$OUT/summary.txt"

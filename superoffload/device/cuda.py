@@ -4,6 +4,11 @@ Host transfer buffers are one exact-size allocation each, page-locked with `cuda
 caching host allocator (`pin_memory=True`) rounds every block up to a power of two
 (c10/core/CachingHostAllocator.h), which costs up to 2x on large buckets. Where registration is not
 available the buffer falls back to `pin_memory=True` and the ledger records the rounded size.
+
+A registered buffer is unregistered when it is freed, or when its tensor is collected (an engine dropped
+without `close()`): memory returned to the C allocator while still registered made the next engine's
+registration at the same address fail on an H200 (torch 2.11), and the failed call's error was then
+raised by an unrelated kernel ("CUDA error: resource already mapped").
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -28,7 +34,7 @@ class CudaDevice(Device):
         idx = torch.cuda.current_device() if index is None else index
         super().__init__(torch.device("cuda", idx), hbm_budget_bytes)
         self.kernels = TorchKernels()
-        self._registered: dict[int, int] = {}
+        self._registered: dict[int, tuple[int, weakref.finalize]] = {}  # data_ptr -> (bytes, unregister)
         # SUPEROFFLOAD_CUDA_SYNC_DEBUG=warn|error: torch.cuda.set_sync_debug_mode inside the engine's hot
         # path (backward, step, forward hooks), except the one synchronization validation needs
         self.sync_debug = os.environ.get("SUPEROFFLOAD_CUDA_SYNC_DEBUG") or None
@@ -109,15 +115,22 @@ class CudaDevice(Device):
         if not pinned:
             return super().host_buffer(nbytes, pinned, category)
         buf = torch.empty(max(nbytes, 1), dtype=torch.uint8)
+        cudart = torch.cuda.cudart()
         try:
-            err = torch.cuda.cudart().cudaHostRegister(buf.data_ptr(), buf.numel(), 0)
-            ok = int(err) == 0
+            ok = int(cudart.cudaHostRegister(buf.data_ptr(), buf.numel(), 0)) == 0
         except (AttributeError, RuntimeError):
             ok = False
         if ok:
-            self._registered[buf.data_ptr()] = buf.numel()
-            self.ledger.host_alloc("pinned", category, nbytes, buf.numel())
-            return buf
+            ptr, numel = buf.data_ptr(), buf.numel()
+            # The returned tensor's storage holds `arr`, which holds `buf`'s: `arr` dies with the last view of
+            # the buffer (not with the tensor object, which callers drop after taking a typed view), and its
+            # finalizer unregisters before the memory can go back to the C allocator. It runs once: here, or
+            # at free_host_buffer.
+            arr = buf.numpy()
+            self._registered[ptr] = (numel, weakref.finalize(arr, _unregister, self._registered, ptr))
+            self.ledger.host_alloc("pinned", category, nbytes, numel)
+            return torch.from_numpy(arr)
+        _clear_cuda_error(cudart)
         buf = torch.empty(max(nbytes, 1), dtype=torch.uint8, pin_memory=True)
         self.ledger.host_alloc("pinned", category, nbytes, _pow2_ceil(nbytes))  # the caching allocator's block
         return buf
@@ -125,10 +138,10 @@ class CudaDevice(Device):
     def free_host_buffer(self, buf: torch.Tensor, pinned: bool, category: str) -> None:
         if not pinned:
             return super().free_host_buffer(buf, pinned, category)
-        size = self._registered.pop(buf.data_ptr(), None)
-        if size is not None:
-            torch.cuda.cudart().cudaHostUnregister(buf.data_ptr())
-            self.ledger.host_free("pinned", category, buf.numel(), size)
+        entry = self._registered.get(buf.data_ptr())
+        if entry is not None:
+            entry[1]()   # unregisters and forgets the buffer
+            self.ledger.host_free("pinned", category, buf.numel(), entry[0])
         else:
             self.ledger.host_free("pinned", category, buf.numel(), _pow2_ceil(buf.numel()))
 
@@ -159,3 +172,16 @@ class CudaDevice(Device):
 
 
 __all__ = ["CudaDevice"]
+
+
+def _unregister(registered: dict, ptr: int) -> None:
+    registered.pop(ptr, None)
+    torch.cuda.cudart().cudaHostUnregister(ptr)
+
+
+def _clear_cuda_error(cudart: Any) -> None:
+    """A failed runtime call leaves its error as the thread's last error, which torch's next kernel-launch
+    check would raise as its own; read it off where torch exposes the call."""
+    get_last = getattr(cudart, "cudaGetLastError", None)
+    if get_last is not None:
+        get_last()

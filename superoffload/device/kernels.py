@@ -4,6 +4,9 @@
   fp64 device tensor `out`. A non-finite element makes the result non-finite (squares of finite
   fp32/bf16/fp16 values cannot overflow fp64), so the same reduction is the finite flag.
 - `adam_step(...)`: one Adam(W) step on flat fp32 tensors in place (the device tail buckets).
+- `adam_steps(...)`: the same step on lists of tensors sharing hyperparameters and a step count: every
+  tail bucket's slices in one call, because on a GPU a call per bucket is Python and launch time the
+  device waits on (H200, gpt-1b, 715 tail buckets: 115 ms per step, more than torch's whole step).
 
 `HostKernels` run GraceAdam, which needs host-addressable memory: the CPU-only device and the simulated
 device, where it keeps training bit-identical to a synchronous host loop whatever the split between
@@ -24,6 +27,7 @@ import torch
 NORM_CHUNK = 1 << 20  # elements per fp64 chunk in TorchKernels.grad_norm_sq (an 8 MiB transient)
 
 Annotate = Callable[..., Any]  # device.access(reads=..., writes=...): a context manager
+Tensors = list[torch.Tensor]
 
 
 class HostKernels:
@@ -51,6 +55,13 @@ class HostKernels:
                                  eps=eps, weight_decay=weight_decay, adamw=adamw, bias_correction=bias_correction,
                                  grad_scale=grad_scale, max_exp_avg_sq=max_exp_avg_sq)
 
+    def adam_steps(self, params: Tensors, grads: Tensors, exp_avgs: Tensors, exp_avg_sqs: Tensors,
+                   max_exp_avg_sqs: Tensors | None = None, **hp: Any) -> None:
+        """`adam_step` on each slice in turn (GraceAdam's pass is per tensor and already one call)."""
+        for i, p in enumerate(params):
+            self.adam_step(p, grads[i], exp_avgs[i], exp_avg_sqs[i],
+                           max_exp_avg_sq=max_exp_avg_sqs[i] if max_exp_avg_sqs is not None else None, **hp)
+
 
 class TorchKernels:
     name = "torch"
@@ -68,27 +79,38 @@ class TorchKernels:
 
     @staticmethod
     def adam_step(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, *,
-                  step: int, lr: float, beta1: float, beta2: float, eps: float, weight_decay: float, adamw: bool,
-                  bias_correction: bool, grad_scale: float, max_exp_avg_sq: torch.Tensor | None = None) -> None:
-        dev = param.device
-        if not bias_correction:
-            g = grad * grad_scale if grad_scale != 1.0 else grad
-            if adamw:
-                param.mul_(1.0 - lr * weight_decay)
-            elif weight_decay:
-                g = g + weight_decay * param
-            exp_avg.lerp_(g, 1.0 - beta1)
-            exp_avg_sq.mul_(beta2).addcmul_(g, g, value=1.0 - beta2)
-            v = exp_avg_sq
-            if max_exp_avg_sq is not None:
-                torch.maximum(max_exp_avg_sq, exp_avg_sq, out=max_exp_avg_sq)
-                v = max_exp_avg_sq
-            param.addcdiv_(exp_avg, v.sqrt().add_(eps), value=-lr)
+                  max_exp_avg_sq: torch.Tensor | None = None, **hp: Any) -> None:
+        TorchKernels.adam_steps([param], [grad], [exp_avg], [exp_avg_sq],
+                                [max_exp_avg_sq] if max_exp_avg_sq is not None else None, **hp)
+
+    @staticmethod
+    def adam_steps(params: Tensors, grads: Tensors, exp_avgs: Tensors, exp_avg_sqs: Tensors,
+                   max_exp_avg_sqs: Tensors | None = None, *, step: int, lr: float, beta1: float, beta2: float,
+                   eps: float, weight_decay: float, adamw: bool, bias_correction: bool, grad_scale: float) -> None:
+        if not params:
             return
+        if not bias_correction:
+            for i, param in enumerate(params):
+                g = grads[i] * grad_scale if grad_scale != 1.0 else grads[i]
+                if adamw:
+                    param.mul_(1.0 - lr * weight_decay)
+                elif weight_decay:
+                    g = g + weight_decay * param
+                exp_avgs[i].lerp_(g, 1.0 - beta1)
+                exp_avg_sqs[i].mul_(beta2).addcmul_(g, g, value=1.0 - beta2)
+                v = exp_avg_sqs[i]
+                if max_exp_avg_sqs is not None:
+                    torch.maximum(max_exp_avg_sqs[i], v, out=max_exp_avg_sqs[i])
+                    v = max_exp_avg_sqs[i]
+                param.addcdiv_(exp_avgs[i], v.sqrt().add_(eps), value=-lr)
+            return
+        dev = params[0].device
         fused = torch._fused_adamw_ if adamw else torch._fused_adam_
-        # device scalars made by a fill kernel: no blocking host-to-device copy on the hot path
+        # device scalars made by a fill kernel: no blocking host-to-device copy on the hot path; the kernel
+        # only reads the step count, so every slice shares one
         step_t = torch.full((), float(step), dtype=torch.float32, device=dev)
         scale_t = None if grad_scale == 1.0 else torch.full((), 1.0 / grad_scale, dtype=torch.float32, device=dev)
-        fused([param], [grad], [exp_avg], [exp_avg_sq], [max_exp_avg_sq] if max_exp_avg_sq is not None else [],
-              [step_t], lr=lr, beta1=beta1, beta2=beta2, weight_decay=weight_decay, eps=eps,
-              amsgrad=max_exp_avg_sq is not None, maximize=False, grad_scale=scale_t)
+        # elementwise per tensor: one call over many slices gives each the bits of a call of its own
+        fused(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs or [], [step_t] * len(params), lr=lr,
+              beta1=beta1, beta2=beta2, weight_decay=weight_decay, eps=eps, amsgrad=max_exp_avg_sqs is not None,
+              maximize=False, grad_scale=scale_t)

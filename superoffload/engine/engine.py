@@ -868,23 +868,30 @@ class SuperOffloadEngine(DeepSpeedNames):
             c["validate_first"] += 1
 
     def _step_device_buckets(self, scale: float, hps: dict[int, HyperParams]) -> None:
-        """Tail buckets step on the device (compute stream, after validation): Adam on the shard, the
-        shard cast into the flat weights, all-gathered across ranks."""
+        """Tail buckets step on the device (compute stream, after validation): Adam on the shards, one call per
+        (parameter group, step count) over every tail bucket's slices, then each shard cast into the flat
+        weights and all-gathered across ranks."""
         t0 = time.perf_counter()
         dev, o = self.backend, self.config.optimizer
-        for b in (b for b in self.buckets if b.tail is not None):
-            t = b.tail
+        tails = [b for b in self.buckets if b.tail is not None]
+        slices: dict[tuple[int, int], list[tuple[dict[str, torch.Tensor], slice]]] = {}
+        for b in tails:
             present = {s.index for s in b.present_slots()}
             for start, end, members in runs(b.slots, lambda s, present=present: (
                     (s.group, self.steps[s.index]) if s.index in present else None), b.lo, b.hi):
-                hp, sl = hps[members[0].group], slice(start - b.lo, end - b.lo)
-                dev.kernels.adam_step(
-                    t["master"][sl], t["grad"][sl], t["exp_avg"][sl], t["exp_avg_sq"][sl],
-                    step=self.steps[members[0].index] + 1, lr=hp.lr, beta1=hp.beta1, beta2=hp.beta2, eps=hp.eps,
-                    weight_decay=hp.weight_decay, adamw=o.adamw, bias_correction=o.bias_correction,
-                    grad_scale=scale, max_exp_avg_sq=t["max_exp_avg_sq"][sl] if "max_exp_avg_sq" in t else None)
+                key = (members[0].group, self.steps[members[0].index])
+                slices.setdefault(key, []).append((b.tail, slice(start - b.lo, end - b.lo)))
+        amsgrad = bool(tails) and "max_exp_avg_sq" in tails[0].tail
+        for (group, step), parts in slices.items():
+            hp = hps[group]
+            dev.kernels.adam_steps(
+                *([t[k][sl] for t, sl in parts] for k in ("master", "grad", "exp_avg", "exp_avg_sq")),
+                [t["max_exp_avg_sq"][sl] for t, sl in parts] if amsgrad else None,
+                step=step + 1, lr=hp.lr, beta1=hp.beta1, beta2=hp.beta2, eps=hp.eps,
+                weight_decay=hp.weight_decay, adamw=o.adamw, bias_correction=o.bias_correction, grad_scale=scale)
+        for b in tails:
             with torch.no_grad():
-                b.home[b.lo: b.hi].copy_(t["master"])
+                b.home[b.lo: b.hi].copy_(b.tail["master"])
             b.gather = self.comm.all_gather(b.home, b.home[b.lo: b.hi], worker=False)
         self.counters.add(device_step_s=time.perf_counter() - t0)
 

@@ -137,6 +137,18 @@ class Prediction:
     # several chips: tokens_per_s, tflops, mfu, hfu, memory and step are per chip; these are the totals
     chips: int = 1
     aggregate_tokens_per_s: float | None = None
+    # busy seconds per resource in one steady-state iteration (the device's compute stream, each link
+    # direction, the host CPU, the network) and the stages that ran on each: a resource busy for most of
+    # the step is what bounds it (`binding`)
+    resource_s: dict[str, float] = field(default_factory=dict)
+    resource_stages: dict[str, list[str]] = field(default_factory=dict)
+
+    def binding(self) -> tuple[str, float] | None:
+        """(the busiest resource, its share of the step), or None without a schedule."""
+        if not self.resource_s or self.step_time_s <= 0:
+            return None
+        name = max(self.resource_s, key=lambda r: self.resource_s[r])
+        return name, self.resource_s[name] / self.step_time_s
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -914,7 +926,6 @@ def _summarise(system: str, w: Workload, hw: HardwareProfile, opts: Options, spe
     it = ITERATIONS - 1
     t0, t1 = sched.finish[b.marks[it - 1].end], sched.finish[b.marks[it].end]
     period = t1 - t0
-    busy = period - sched.idle(COMPUTE, t0, t1)  # device work inside the steady-state window
     # the exposed tail: device idle between the end of backward and the end of the next forward, i.e.
     # time the device waits for parameters (device Adam in that window is work, not tail)
     tail = sched.idle(COMPUTE, sched.finish[b.marks[it - 1].last_backward],
@@ -925,6 +936,19 @@ def _summarise(system: str, w: Workload, hw: HardwareProfile, opts: Options, spe
     mem = estimate_memory(w, hw, spec, opts)
     fits = _memory_fits(mem, hw, hbm_budget)
     stages = {k: v for k, v in sched.kind_time(it).items() if v > 0}
+    resource_s: dict[str, float] = {}
+    resource_stages: dict[str, list[str]] = {}
+    for op in sched.graph.ops:
+        if op.iteration == it and op.resource is not None and op.duration > 0:
+            resource_s[op.resource] = resource_s.get(op.resource, 0.0) + op.duration
+            kinds = resource_stages.setdefault(op.resource, [])
+            if op.kind not in kinds:
+                kinds.append(op.kind)
+    # device work per step: the compute stream's work of one iteration. Not the work that falls inside the
+    # window [end of it-1, end of it]: the last simulated iteration's forward starts before that window
+    # (it waits only for its layers' returns) and no later iteration fills its end, so the window's
+    # share undercounts (gpt-1b at Fig 10: 75 ms of 111 ms where each iteration does 110 ms of work)
+    busy = min(period, resource_s.get(COMPUTE, 0.0))
     notes = list(spec.notes)
     if b.host_shares_compute:
         notes.append(f"{b.share.cores:g} host core(s) per rank, compute on {b.share.compute_threads} thread(s): the "
@@ -941,6 +965,7 @@ def _summarise(system: str, w: Workload, hw: HardwareProfile, opts: Options, spe
         system=system, model=sh.name, params=sh.total_params(), seq=w.seq, batch=w.batch,
         grad_accum=spec.grad_accum, hardware=hw.name, step_time_s=period, gpu_busy_s=busy,
         gpu_idle_s=max(0.0, period - busy), tail_s=max(0.0, tail), stage_s=stages,
+        resource_s=resource_s, resource_stages=resource_stages,
         tokens_per_s=tokens / period, tflops=model_flops / period / 1e12,
         mfu=model_flops / period / hw.device_peak_flops, hfu=hw_flops / period / hw.device_peak_flops,
         peak_hbm_bytes=mem.device_total, host_bytes=mem.host_total, fits=fits, memory=mem.to_dict(),

