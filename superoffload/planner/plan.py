@@ -380,6 +380,8 @@ def make_plan(shape: ModelShape, seq: int, batch: int, hardware: HardwareProfile
                            f"{on.step_time_s * 1e3:.1f} ms).")
             alts["bucket_size"] = _alternative(off_bucket, at_off, bucket, on, "faster speculating too, at the size "
                                                "validate-first's search reached from the first choice")
+            alts["device_tail_buckets"] = _alternative(off_tail, at_off, tail, on, "the tail validate-first's search "
+                                                       "chose for this bucket size, priced speculating")
             bucket, tail, on = off_bucket, off_tail, at_off
             opts = replace(opts, bucket_size=bucket, device_tail_buckets=tail)
             pred = on
