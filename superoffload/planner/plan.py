@@ -421,6 +421,7 @@ def make_plan(shape: ModelShape, seq: int, batch: int, hardware: HardwareProfile
                        "rollback counts in the record): `-o speculation=true` (bench run), `speculation: true` "
                        "(engine config).")
     _price_alternatives(w, hw, replace(opts, rollback_mode=rollback, speculation=speculation), pred, alts)
+    reasons.append(f"Hardware: {hw.name}: {hw.source}.")
     plan = Plan(model=shape.name, seq=seq, batch=batch, hardware=hw.name,
                 activation_checkpointing=activation_checkpointing, bucket_size=bucket,
                 device_tail_buckets=tail, grad_cast=cast, param_cast=cast, flow_layers=list(flow),

@@ -230,20 +230,25 @@ def physical_memory_bytes(default: int = 16 * GiB) -> int:
         return default
 
 
-def this_cpu() -> HardwareProfile:
+def this_cpu(matmul_flops: float | None = None, matmul_source: str | None = None) -> HardwareProfile:
     """The `cpu` preset with what the OS says of this machine: its usable CPUs and physical memory, and the
     compute peak scaled to those cores (the preset's per-core spec); memory bandwidth stays the preset's.
     What a plan uses on a machine without a GPU when no profile is given: a 2-core 24 GB machine planned for
-    the preset's 8 cores and 64 GiB said "host needs 4.3 GB of 67.6 GB". `superoffload calibrate` measures
-    the rest."""
+    the preset's 8 cores and 64 GiB said "host needs 4.3 GB of 67.6 GB". ``matmul_flops``: this CPU's matmul
+    rate as measured (the harness passes the figure it keeps per machine for MFU, harness/peak.py), used for
+    the compute instead of the scaled spec; ``matmul_source`` says where it came from. `superoffload
+    calibrate` measures the rest."""
     base = cpu()
     cores, mem = usable_cpus(), physical_memory_bytes(base.host_memory_bytes)
     scale = cores / base.host_cores
-    return replace(base, host_cores=cores, host_memory_bytes=mem, device_hbm_bytes=min(base.device_hbm_bytes, mem),
-                   device_peak_flops=base.device_peak_flops * scale,
-                   device_matmul_flops=base.device_matmul_flops * scale,
-                   source=f"{base.source}; this machine's {cores} usable CPUs (compute scaled by {cores}/"
-                          f"{base.host_cores}) and {mem / GiB:.1f} GiB of memory; calibrate measures the rest")
+    matmul = base.device_matmul_flops * scale if matmul_flops is None else matmul_flops
+    compute = (f"compute scaled by {cores}/{base.host_cores}" if matmul_flops is None else
+               f"matmul {matmul_flops / 1e9:.0f} GFLOP/s measured ({matmul_source or 'this machine'})")
+    return replace(base, name="this-cpu", host_cores=cores, host_memory_bytes=mem,
+                   device_hbm_bytes=min(base.device_hbm_bytes, mem),
+                   device_peak_flops=base.device_peak_flops * scale, device_matmul_flops=matmul,
+                   source=f"{base.source}; this machine's {cores} usable CPUs ({compute}) and {mem / GiB:.1f} GiB "
+                          "of memory; calibrate measures the rest")
 
 
 PRESETS["this-cpu"] = this_cpu  # `explain --hardware this-cpu`: the plan a CPU run here gets without a profile

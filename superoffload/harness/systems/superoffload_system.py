@@ -45,10 +45,17 @@ def hardware_for_device(device: str):
     """Planner profile for the device the run will use: the GPU's preset, or this machine's CPU (the cpu
     preset with its cores and memory, `presets.this_cpu`; sim simulates the CUDA code path on this CPU: the
     CPU's numbers are the ones it runs at)."""
-    from superoffload.planner.presets import default_profile
+    from superoffload.planner.presets import default_profile, this_cpu
 
     on_gpu = device not in ("cpu", "host", "sim") and torch.cuda.is_available()
-    return default_profile(torch.cuda.get_device_name() if on_gpu else None)
+    if on_gpu:
+        return default_profile(torch.cuda.get_device_name())
+    # the matmul rate this machine's MFU divides by (kept once per machine, else measured now: ~0.5 s), so the
+    # plan's compute is this CPU's, not the preset's per-core spec scaled
+    from superoffload.harness.peak import cpu_peak
+
+    flops, source = cpu_peak(torch.float32, torch.get_num_threads())
+    return this_cpu(flops, source)
 
 
 def plan_for(shape: ModelShape, run: RunConfig):
