@@ -759,7 +759,10 @@ class _Builder:
         step() runs the optimizer synchronously, it comes after the whole step."""
         spec, graph, shape, hw = self.spec, self.graph, self.w.shape, self.hw
         ops = []
-        opt_t = ov.optimizer_overhead_s(shape, hw, spec.clipping) if spec.host_optimizer == "torch" else 0.0
+        # torch.optim's loop is the peers' (FSDP offload, torch) step; our engine with host_optimizer "torch" runs
+        # torch's Adam on each flat bucket, no per-tensor loop (its per-bucket cost is charged at the launch)
+        torch_optim = spec.host_optimizer == "torch" and spec.name != "superoffload"
+        opt_t = ov.optimizer_overhead_s(shape, hw, spec.clipping) if torch_optim else 0.0
         if opt_t > 0:
             res = COMPUTE if spec.device_only else HOST
             ops.append(graph.add(f"it{it}.opt_overhead", res, opt_t, [validate], "optimizer_overhead", it))

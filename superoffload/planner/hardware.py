@@ -145,7 +145,8 @@ class HardwareProfile:
     clip_gbps: float | None = None  # global-norm clipping traffic at 12 B/param (norm read, scale read+write)
     # per system: the step machinery (hooks, flattening, communication layer, the engine's per-bucket
     # work) outside the modelled ops, measured on a degenerate model (superoffload/calibrate/systems.py) as
-    # {"fixed_s", "per_layer_s", "per_tensor_s", "per_bucket_s", "per_param_s" (+ "per_param_raw_s")}
+    # {"fixed_s", "per_layer_s", "per_tensor_s", "per_bucket_s", "per_param_s" (+ "per_param_raw_s")}; the GPU
+    # presets carry only the SuperOffload engine's per_bucket_s, measured on an H200 (presets.py)
     system_step_s: dict[str, dict[str, float]] | None = None
     # profiled compute of named workloads (calibrate --workloads; superoffload/calibrate/compute.py): per
     # "MODEL:sSEQ:bBATCH", the forward/backward seconds of one block and of the rest of the harness's

@@ -362,7 +362,28 @@ def make_plan(shape: ModelShape, seq: int, batch: int, hardware: HardwareProfile
     # (within SPECULATION_MIN_GAIN it speculates)
     rollback, pred = _prefer_full_copy(w, hw, replace(opts, rollback_mode=rollback), pred, reasons, alts)
     on = pred
-    off = predict("superoffload", w, hw, replace(opts, rollback_mode="deferred", speculation=False))
+    # validate-first at its own best bucket (and tail): its host step waits for every bucket's launch, so the
+    # per-bucket cost weighs on it differently, and comparing it at the bucket priced speculating missed the
+    # pair (larger buckets, validate-first) where it was the faster one
+    spoken: list[str] = []
+    off_alts: dict[str, dict[str, Any]] = {}
+    off_opts = replace(opts, rollback_mode="deferred", speculation=False)
+    off_bucket, off_tail, off = _refine_bucket(w, hw, off_opts, budget, predict("superoffload", w, hw, off_opts),
+                                               spoken, off_alts)
+    if (off_bucket, off_tail) != (bucket, tail):   # and speculation at that bucket, for the same choice of sizes
+        at_off = predict("superoffload", w, hw, replace(opts, rollback_mode=rollback, bucket_size=off_bucket,
+                                                        device_tail_buckets=off_tail))
+        if at_off.step_time_s < on.step_time_s * (1 - BUCKET_MIN_GAIN):
+            reasons.append(f"Bucket re-priced: {off_bucket / 1e6:.2f}M params with {off_tail} tail bucket(s), the "
+                           f"best validating first, is also faster speculating ({at_off.step_time_s * 1e3:.1f} ms vs "
+                           f"{on.step_time_s * 1e3:.1f} ms).")
+            alts["bucket_size"] = _alternative(off_bucket, at_off, bucket, on, "faster speculating too, at the size "
+                                               "validate-first's search reached from the first choice")
+            alts["device_tail_buckets"] = _alternative(off_tail, at_off, tail, on, "the tail validate-first's search "
+                                                       "chose for this bucket size, priced speculating")
+            bucket, tail, on = off_bucket, off_tail, at_off
+            opts = replace(opts, bucket_size=bucket, device_tail_buckets=tail)
+            pred = on
     if hw.device_is_host:
         # one memory system: the worker's passes share the bandwidth the compute uses, which the model does not
         # charge, so a predicted tie goes to validate-first, one host pass per bucket instead of two
@@ -378,10 +399,9 @@ def make_plan(shape: ModelShape, seq: int, batch: int, hardware: HardwareProfile
         if rollback != "deferred":  # validate-first rolls nothing back: full_copy's 12 B/param buy nothing
             rollback = "deferred"
             reasons[:] = [r for r in reasons if not r.startswith("Rollback mode: 'full_copy' instead")]
-        # the bucket (and its tail) were priced speculating: price them again validating first
-        spoken: list[str] = []
-        bucket, tail, off = _refine_bucket(w, hw, replace(opts, rollback_mode="deferred", speculation=False), budget,
-                                           off, spoken, alts)
+        # the bucket (and its tail) were priced speculating: validate-first's own, priced above
+        bucket, tail = off_bucket, off_tail
+        alts.update(off_alts)
         opts = replace(opts, bucket_size=bucket, device_tail_buckets=tail)
         reasons[:] = [r + " (Priced again validating first, below.)" if r.startswith("Bucket priced") else r
                       for r in reasons]
@@ -400,6 +420,7 @@ def make_plan(shape: ModelShape, seq: int, batch: int, hardware: HardwareProfile
                        "rollback counts in the record): `-o speculation=true` (bench run), `speculation: true` "
                        "(engine config).")
     _price_alternatives(w, hw, replace(opts, rollback_mode=rollback, speculation=speculation), pred, alts)
+    reasons.append(f"Hardware: {hw.name}: {hw.source}.")
     plan = Plan(model=shape.name, seq=seq, batch=batch, hardware=hw.name,
                 activation_checkpointing=activation_checkpointing, bucket_size=bucket,
                 device_tail_buckets=tail, grad_cast=cast, param_cast=cast, flow_layers=list(flow),
@@ -585,8 +606,15 @@ def _refine_bucket(w: Workload, hw: HardwareProfile, opts: Options, budget: floa
         # per candidate would multiply the planner's time)
         t = _tail_holding(w, b, tail_params)
         o = replace(opts, bucket_size=b, device_tail_buckets=t)
-        if b in results or b > cap or _device_need(w, hw, o) > budget:
+        if b in results or b > cap:
             continue
+        # a tail that filled HBM at the rule's bucket may not fit in larger buckets' granularity: one bucket
+        # fewer until it does (skipping the candidate instead kept a GPU plan at thousands of small buckets)
+        while o.device_tail_buckets and _device_need(w, hw, o) > budget:
+            o = replace(o, device_tail_buckets=o.device_tail_buckets - 1)
+        if _device_need(w, hw, o) > budget:
+            continue
+        t = o.device_tail_buckets
         results[b] = (t, predict("superoffload", w, hw, o))
     best = min(results, key=lambda b: (results[b][1].step_time_s, b))
     if results[best][1].step_time_s > pred.step_time_s * (1 - BUCKET_MIN_GAIN):

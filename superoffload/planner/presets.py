@@ -74,6 +74,13 @@ NETWORK_STEP_LATENCY_S = 10e-6
 # (non-tensor-core) matmul is achievable at the same share of peak as bf16 (MATMUL_EFFICIENCY, an
 # assumption); only the tiled loss's fp32 weight-gradient GEMM uses it.
 INFINIBAND_NDR_GBPS = 400 / 8  # an x86 GPU server's typical one NDR NIC per GPU (assumption for PCIe presets)
+# The SuperOffload engine's training-thread time per bucket per step on a GPU (gradient hook: flatten, norm,
+# copy or tail hand-off; the tail's cast and gather), which the device waits on. Measured on one H200 PCIe
+# with an x86 host (torch 2.11, 2026-12-04, docs/results.md "First runs on a GPU"): `bench run --model gpt-1b
+# --seq 1024 --batch 4 --dtype bf16 --checkpointing` at 879 buckets and at 108 (-o bucket_size=16777216),
+# grad_launch_s + device_step_s per step, 388.4 and 82.4 ms: (388.4 - 82.4) / (879 - 108) ms per bucket.
+# Python and launch cost, so assumed the same behind a Grace CPU (not measured there).
+ENGINE_PER_BUCKET_S = (388.4e-3 - 82.4e-3) / (879 - 108)
 
 
 def _links(peak_gbps: float) -> dict[str, Curve]:
@@ -109,6 +116,7 @@ def gh200() -> HardwareProfile:
         inter_node_gbps=LINK_EFFICIENCY * SLINGSHOT11_GBPS,
         intra_node_latency_s=NVLINK_STEP_LATENCY_S,
         inter_node_latency_s=NETWORK_STEP_LATENCY_S,
+        system_step_s={"superoffload": {"per_bucket_s": ENGINE_PER_BUCKET_S}},
         notes=["host memory is the datasheet's 480 GB; the paper's per-chip host memory is not known",
                "C2C curve is latency+bandwidth, not a measured sweep; run `superoffload calibrate`",
                "several chips: 4 per node (NV6 NVLink between pairs), one 200 Gb/s NIC per chip, as on the "
@@ -148,6 +156,7 @@ def _pcie_profile(name: str, gpu: catalog.GpuInfo, hbm_bytes: int, hbm_gbps: flo
         inter_node_gbps=LINK_EFFICIENCY * INFINIBAND_NDR_GBPS,
         intra_node_latency_s=NVLINK_STEP_LATENCY_S,
         inter_node_latency_s=NETWORK_STEP_LATENCY_S,
+        system_step_s={"superoffload": {"per_bucket_s": ENGINE_PER_BUCKET_S}},
         notes=["host is an assumed Sapphire Rapids socket (8x DDR5-4800); calibrate on the real one",
                "several chips: assumed 8 per server over PCIe, one NDR 400 Gb/s NIC per GPU"],
     )
@@ -221,20 +230,25 @@ def physical_memory_bytes(default: int = 16 * GiB) -> int:
         return default
 
 
-def this_cpu() -> HardwareProfile:
+def this_cpu(matmul_flops: float | None = None, matmul_source: str | None = None) -> HardwareProfile:
     """The `cpu` preset with what the OS says of this machine: its usable CPUs and physical memory, and the
     compute peak scaled to those cores (the preset's per-core spec); memory bandwidth stays the preset's.
     What a plan uses on a machine without a GPU when no profile is given: a 2-core 24 GB machine planned for
-    the preset's 8 cores and 64 GiB said "host needs 4.3 GB of 67.6 GB". `superoffload calibrate` measures
-    the rest."""
+    the preset's 8 cores and 64 GiB said "host needs 4.3 GB of 67.6 GB". ``matmul_flops``: this CPU's matmul
+    rate as measured (the harness passes the figure it keeps per machine for MFU, harness/peak.py), used for
+    the compute instead of the scaled spec; ``matmul_source`` says where it came from. `superoffload
+    calibrate` measures the rest."""
     base = cpu()
     cores, mem = usable_cpus(), physical_memory_bytes(base.host_memory_bytes)
     scale = cores / base.host_cores
-    return replace(base, host_cores=cores, host_memory_bytes=mem, device_hbm_bytes=min(base.device_hbm_bytes, mem),
-                   device_peak_flops=base.device_peak_flops * scale,
-                   device_matmul_flops=base.device_matmul_flops * scale,
-                   source=f"{base.source}; this machine's {cores} usable CPUs (compute scaled by {cores}/"
-                          f"{base.host_cores}) and {mem / GiB:.1f} GiB of memory; calibrate measures the rest")
+    matmul = base.device_matmul_flops * scale if matmul_flops is None else matmul_flops
+    compute = (f"compute scaled by {cores}/{base.host_cores}" if matmul_flops is None else
+               f"matmul {matmul_flops / 1e9:.0f} GFLOP/s measured ({matmul_source or 'this machine'})")
+    return replace(base, name="this-cpu", host_cores=cores, host_memory_bytes=mem,
+                   device_hbm_bytes=min(base.device_hbm_bytes, mem),
+                   device_peak_flops=base.device_peak_flops * scale, device_matmul_flops=matmul,
+                   source=f"{base.source}; this machine's {cores} usable CPUs ({compute}) and {mem / GiB:.1f} GiB "
+                          "of memory; calibrate measures the rest")
 
 
 PRESETS["this-cpu"] = this_cpu  # `explain --hardware this-cpu`: the plan a CPU run here gets without a profile

@@ -37,3 +37,23 @@ def test_first_writer_wins_and_a_loaded_measurement_is_not_kept(tmp_path, monkey
     assert flops == 5e10 and source.startswith("cpu-peak-cache:calibrate:")
     other, _ = peak.cpu_peak(torch.float32, 2)  # another thread count is its own figure
     assert other != 5e10
+
+
+def test_a_plan_without_a_gpu_uses_this_machines_kept_matmul_rate_and_says_so(tmp_path, monkeypatch):
+    """No GPU and no profile: the plan's compute is this CPU's measured matmul rate (the figure its MFU divides
+    by), its cores and memory the OS's, and the plan's reasons name where each came from."""
+    from superoffload.harness.systems.superoffload_system import hardware_for_device, plan_for
+    from superoffload.models import get_shape
+    from superoffload.planner.presets import cpu, usable_cpus
+
+    monkeypatch.setenv("SUPEROFFLOAD_PEAK_CACHE", str(tmp_path / "p.json"))
+    assert peak.store_cpu_peak(torch.float32, torch.get_num_threads(), 12.5e9, "calibrate", 0.0)
+    hw, warning = hardware_for_device("sim")
+    assert warning is None  # the CPU's own numbers: nothing to warn of
+    assert hw.name == "this-cpu" and hw.device_matmul_flops == 12.5e9 and hw.host_cores == usable_cpus()
+    assert hw.device_matmul_flops != cpu().device_matmul_flops
+    run = RunConfig(system="superoffload", model="gpt-tiny", seq=64, batch=2, device="sim", precision="fp32")
+    plan = plan_for(get_shape("gpt-tiny"), run)
+    said = [r for r in plan.reasons if r.startswith("Hardware: this-cpu:")]
+    assert len(said) == 1 and "matmul 12 GFLOP/s measured (cpu-peak-cache:calibrate:" in said[0]
+    assert f"{usable_cpus()} usable CPUs" in said[0]

@@ -26,7 +26,8 @@ def _run(**kw):
 def test_plan_is_consumed_and_recorded():
     rec = _run()
     plan, st = rec["plan"], rec["system_stats"]
-    assert plan["hardware"] == "cpu" and plan["reasons"]
+    # planned for this machine's CPU, and the record says with what
+    assert plan["hardware"] == "this-cpu" and any(r.startswith("Hardware: this-cpu:") for r in plan["reasons"])
     assert st["bucket_size"] == plan["bucket_size"]
     assert st["config"]["host_optimizer"] == plan["host_optimizer"]
     assert st["buckets_device"] == min(plan["device_tail_buckets"], st["buckets_device"] + st["buckets_host"])

@@ -36,7 +36,8 @@ def test_device_and_host_are_balanced_at_the_paper_throughput_point() -> None:
     p = _predicted("gpt-1b", 1024, 8)
     _, share = p.binding()
     assert share <= 1.0 + 1e-9
-    assert p.resource_s["compute"] > 0.95 * p.step_time_s and p.resource_s["host"] > 0.95 * p.step_time_s
+    # both near saturation (the host at 94 % since the plan prices the engine's per-bucket cost: 13 large buckets)
+    assert p.resource_s["compute"] > 0.9 * p.step_time_s and p.resource_s["host"] > 0.9 * p.step_time_s
     # the device's busy time per step is its compute stream's work in one iteration
     assert p.gpu_busy_s == min(p.step_time_s, p.resource_s["compute"])
     assert p.gpu_idle_s == max(0.0, p.step_time_s - p.gpu_busy_s)

@@ -48,11 +48,18 @@ def hardware_for_device(device: str):
     record; a GPU without a preset of its own plans with the generic one, and the warning says so), or this
     machine's CPU (the cpu preset with its cores and memory, `presets.this_cpu`; sim simulates the CUDA code
     path on this CPU: the CPU's numbers are the ones it runs at)."""
-    from superoffload.planner.presets import default_profile, gpu_preset_warning
+    from superoffload.planner.presets import default_profile, gpu_preset_warning, this_cpu
 
     on_gpu = device not in ("cpu", "host", "sim") and torch.cuda.is_available()
-    name = torch.cuda.get_device_name() if on_gpu else None
-    return default_profile(name), gpu_preset_warning(name)
+    if on_gpu:
+        name = torch.cuda.get_device_name()
+        return default_profile(name), gpu_preset_warning(name)
+    # the matmul rate this machine's MFU divides by (kept once per machine, else measured now: ~0.5 s), so the
+    # plan's compute is this CPU's, not the preset's per-core spec scaled
+    from superoffload.harness.peak import cpu_peak
+
+    flops, source = cpu_peak(torch.float32, torch.get_num_threads())
+    return this_cpu(flops, source), None
 
 
 def plan_for(shape: ModelShape, run: RunConfig):
