@@ -134,11 +134,11 @@ def main(args: argparse.Namespace) -> int:
             check_nproc(run, nproc)
         # the ranks this run will have, for the checks below: --nproc, or the enclosing torchrun's
         if launch:
-            run.world_size = nproc
+            run.world = nproc
         elif "LOCAL_RANK" in os.environ and os.environ.get("WORLD_SIZE", "").isdigit():
-            run.world_size = int(os.environ["WORLD_SIZE"])
+            run.world = int(os.environ["WORLD_SIZE"])
         check_sequence_system(run)
-        if run.sp > 1 and run.world_size == 1:
+        if run.sp > 1 and run.world == 1:
             raise ValueError(f"--sp {run.sp} splits each sequence over {run.sp} ranks: add --nproc N with N a "
                              f"multiple of {run.sp}")
         shape = validate_run(run)
@@ -365,13 +365,13 @@ def check_memory(run: RunConfig, shape: ModelShape, host_available: float | None
     if cuda:
         device = float(torch.cuda.mem_get_info()[0] if device_available is None else device_available)
     what = f"{run.system} on {shape.name} (seq {run.seq}, batch {run.batch}" + \
-        (f", sp {run.sp} of {run.world_size} ranks)" if run.sp > 1 else ")")
+        (f", sp {run.sp} of {run.world} ranks)" if run.sp > 1 else ")")
     n = shape.total_params()
     # the long-sequence pieces as the run sets them; the planner's workload is then one rank of the world
     # (1/sp of each sequence, 1/world of the sharded state); without them, one chip as before
     long_kw: dict = {}
     if run.sp > 1 or run.offload_checkpoints or run.loss_tile is not None:
-        long_kw = {"chips": max(1, run.world_size), "sp": run.sp, "offload_checkpoints": run.offload_checkpoints,
+        long_kw = {"chips": max(1, run.world), "sp": run.sp, "offload_checkpoints": run.offload_checkpoints,
                    "loss_tile": run.loss_tile}
     if run.system not in (*MODELLED, *PAPER_ONLY):
         _require(what, "host", FP32_TRAINING_BYTES * n, host, "fp32 weights, gradients and Adam state")
@@ -403,7 +403,7 @@ def check_memory(run: RunConfig, shape: ModelShape, host_available: float | None
         _require(what, "host", mem.host_total, host, why)
     else:
         # every rank of a CPU-only multi-rank run lives in this host's memory
-        ranks = max(1, run.world_size)
+        ranks = max(1, run.world)
         _require(what, "host", ranks * (on_device + mem.host_total), host,
                  why + "; the device is the host" + (f", {ranks} ranks" if ranks > 1 else ""))
 

@@ -81,7 +81,7 @@ def engine_state_dict(eng: SuperOffloadEngine) -> dict[str, Any]:
                      "exp_avg": torch.zeros(s.numel), "exp_avg_sq": torch.zeros(s.numel)}
         entry.update(ranges=ranges, numel=s.numel, shape=tuple(s.shape), step=eng.steps[s.index])
         params[s.name] = entry
-    sd: dict[str, Any] = {
+    sd: dict[str, Any] = {  # "world_size": the key every saved checkpoint holds
         "version": VERSION, "world_size": eng.comm.world, "rank": eng.comm.rank, "params": params,
         "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in eng.optimizer.param_groups],
         "loss_scale": eng.loss_scale.state_dict(), "global_step": eng.global_step, "micro": eng.micro,
@@ -307,7 +307,7 @@ def save_checkpoint(eng: SuperOffloadEngine, save_dir: str, tag: str | None, cli
         written = comm.all_gather_object({name: files.save_hashed(blob, tmp / name)})
         if comm.rank == 0:
             files.write_manifest(tmp, {k: v for part in written for k, v in part.items()}, step=eng.global_step,
-                                 world_size=comm.world, tag=tag)
+                                 world_size=comm.world, tag=tag)  # the manifest's key
             files.fsync_dir(tmp)
             old = root / f".{tag}.old"
             shutil.rmtree(old, ignore_errors=True)

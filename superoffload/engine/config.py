@@ -84,7 +84,7 @@ class SuperOffloadConfig:
     grad_accum: int = 1
     """micro-batches per optimizer step"""
     gradient_reduction: GradientReduction = "mean"
-    """across ranks: "mean" sums the ranks' gradients and multiplies by 1/world_size (DDP's average, for
+    """across ranks: "mean" sums the ranks' gradients and multiplies by 1/world (DDP's average, for
     a loss that is a mean over the rank's batch); "sum" only sums (for a loss already divided by the
     global token count, as sequence parallelism uses)"""
     speculation: bool = True

@@ -46,7 +46,7 @@ class DeepSpeedNames:
         return self.comm.rank
 
     @property
-    def world_size(self) -> int:
+    def world_size(self) -> int:  # DeepSpeed's name
         return self.comm.world
 
     def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:

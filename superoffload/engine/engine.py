@@ -989,7 +989,7 @@ class SuperOffloadEngine(DeepSpeedNames):
             "upload_ring": {"uses": int(c.pop("upload_slot_uses", 0)), "waits": int(c.pop("upload_slot_waits", 0)),
                             "wait_s": c.pop("upload_slot_wait_s", 0.0)} if self.upload_ring is not None else None,
             "bucket_size": self.config.bucket_size, "params": sum(s.numel for s in self.slots),
-            "world_size": self.comm.world, "rank": self.comm.rank,
+            "world_size": self.comm.world, "rank": self.comm.rank,  # the record's system_stats keys
             "device_tail_params": sum(b.layout.numel for b in dev),
             "device_tail_bytes": tail_bytes,
             "host_state_bytes": sum(a.nbytes for a in self.builder.arenas if a.category == "optimizer_state"),

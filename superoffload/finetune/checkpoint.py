@@ -127,6 +127,7 @@ def save_checkpoint(out: str | Path, step: int, engine_state: dict[str, Any], tr
             return final
         listed = {k: v for part in written for k, v in part.items()}
         listed[TRAINER_FILE] = files.save_hashed(trainer_state, tmp / TRAINER_FILE)
+        # world_size: the manifest's key, as existing checkpoints hold it
         files.write_manifest(tmp, listed, step=step, world_size=world, run_id=run_id,
                              engine_global_step=int(engine_state.get("global_step", step)))
         _fsync_dir(tmp)

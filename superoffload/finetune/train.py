@@ -240,7 +240,7 @@ def prepare(c: FinetuneConfig) -> Prepared:
                     grad_accum=c.grad_accum, steps=c.steps, warmup=0, precision=c.precision, seed=c.seed, lr=c.lr,
                     betas=tuple(c.betas), eps=c.eps, weight_decay=c.weight_decay, grad_clip=c.grad_clip,
                     activation_checkpointing=c.activation_checkpointing, threads=c.threads, device=c.device,
-                    world_size=world, system_options=options, peak_flops=c.peak_flops)
+                    world=world, system_options=options, peak_flops=c.peak_flops)
     try:
         plan = plan_for(shape, run)
         # the loss is already divided by the step's learned tokens over every rank: gradients are summed

@@ -201,7 +201,7 @@ def new_record(run: RunConfig, shape: ModelShape, *, params: int, rank: int, dev
         "schema_version": 1, "status": status, "error": error, "system": run.system,
         "model": model_block(shape, params), "run": run_block(run, rank),
         "timing": None, "losses": [], "throughput": None, "memory": {}, "telemetry": None,
-        "system_stats": None, "rollbacks": None, "plan": None, "world_size": run.world_size, "ranks": None,
+        "system_stats": None, "rollbacks": None, "plan": None, "world_size": run.world, "ranks": None,
         "provenance": provenance.collect(device_name),
         "created_utc": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
     }
@@ -253,7 +253,7 @@ def throughput_block(run: RunConfig, shape: ModelShape, step_s: float, peak_flop
     group's attention."""
     checkpointing = bool(run.checkpointing_mode)
     tp = flops.throughput(shape, run.seq, run.tokens_per_rank, step_s, peak_flops, checkpointing)
-    world = max(1, run.world_size)
+    world = max(1, run.world)
     return {
         "tokens_per_s": tp.tokens_per_s, "model_tflops": tp.model_tflops,
         "hardware_tflops": tp.hardware_tflops, "mfu": tp.mfu, "hfu": tp.hfu,

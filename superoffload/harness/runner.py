@@ -52,7 +52,7 @@ def validate_run(run: RunConfig) -> ModelShape:
     shape = get_shape(run.model)
     if run.precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {run.precision!r}")
-    for name in ("seq", "batch", "grad_accum", "steps", "world_size"):
+    for name in ("seq", "batch", "grad_accum", "steps", "world"):
         if getattr(run, name) < 1:
             raise ValueError(f"{name} must be >= 1, got {getattr(run, name)}")
     if run.warmup < 0:
@@ -86,15 +86,15 @@ def validate_run(run: RunConfig) -> ModelShape:
 
 def validate_sequence(run: RunConfig, shape: ModelShape) -> None:
     """The long-sequence settings (--sp, --loss-tile, --offload-checkpoints): ValueError saying what to change.
-    ``run.world_size`` must already be the number of ranks (the CLI sets it from --nproc or torchrun)."""
+    ``run.world`` must already be the number of ranks (the CLI sets it from --nproc or torchrun)."""
     check_sequence_system(run)
     if run.loss_tile is not None and (isinstance(run.loss_tile, bool) or not isinstance(run.loss_tile, int)
                                       or run.loss_tile < 1):
         raise ValueError(f"--loss-tile must be a positive number of tokens, got {run.loss_tile!r}")
     if run.sp == 1:
         return
-    if run.world_size % run.sp:
-        where = f"{run.world_size} rank" + ("s" if run.world_size > 1 else "")
+    if run.world % run.sp:
+        where = f"{run.world} rank" + ("s" if run.world > 1 else "")
         raise ValueError(f"--sp {run.sp} must divide the number of ranks ({where}); run --nproc N with N a "
                          f"multiple of {run.sp} (N / {run.sp} data-parallel groups)")
     try:
@@ -181,7 +181,7 @@ def run_benchmark(run: RunConfig, progress: Callable[[int, int, float], None] | 
     (build, set up and step the system; any failure becomes the record's status) and ``_complete_record``
     (timing, noise, the ranks' merge and throughput)."""
     rank, world = _dist_env()
-    run.world_size = world
+    run.world = world
     shape = validate_run(run)
     where, device = _start_rank(run, world)
     rec = record.new_record(run, shape, params=shape.total_params(), rank=rank, device_name=device.name())

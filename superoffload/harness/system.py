@@ -17,7 +17,7 @@ from superoffload.shapes import ModelShape
 
 # Fields whose name in a run record predates the code's: the record's ``run`` keeps the old key, so every
 # reader of old and new records (reports, nightly, calibrate) reads one name.
-RECORD_KEYS = {"precision": "dtype"}
+RECORD_KEYS = {"precision": "dtype", "world": "world_size"}
 
 
 @dataclass
@@ -25,7 +25,7 @@ class RunConfig:
     """Everything about a run that is not the model's shape. Validated by the CLI and the runner.
 
     ``precision`` was called ``dtype`` (still accepted as a keyword; the record's key stays ``run.dtype``).
-    ``world_size`` is the number of ranks (``world`` elsewhere in code; the name of the record's key)."""
+    ``world`` is the number of ranks (the record's key stays ``run.world_size``)."""
 
     system: str = "torch"
     model: str = "gpt-tiny"
@@ -44,13 +44,13 @@ class RunConfig:
     activation_checkpointing: bool = False
     threads: int | None = None  # host threads for torch and the host optimizer
     device: DeviceKind = "auto"
-    world_size: int = 1  # ranks: --nproc, or torchrun's WORLD_SIZE (the runner sets it)
+    world: int = 1  # ranks: --nproc, or torchrun's WORLD_SIZE (the runner sets it)
     # bind this rank's process to its own slice of the host's cores (superoffload.harness.placement)
     bind_cores: bool = False
     host_threads: int | None = None  # host optimizer threads (default: `threads`; --bind-cores: slice - 1)
     system_options: dict[str, Any] = field(default_factory=dict)  # system-specific knobs
     # Long sequences (superoffload.sequence; systems in systems.SP_SYSTEMS): Ulysses degree (consecutive
-    # ranks form an SP group, each holding seq / sp tokens of every sequence; world_size / sp data-parallel
+    # ranks form an SP group, each holding seq / sp tokens of every sequence; world / sp data-parallel
     # groups), the tiled loss (tokens per tile; None: the plain loss), checkpoints held in host memory
     # (implies activation checkpointing)
     sp: int = 1
@@ -67,7 +67,7 @@ class RunConfig:
     @property
     def dp(self) -> int:
         """Data-parallel groups: every SP group of ``sp`` ranks trains the same sequences."""
-        return max(1, self.world_size // max(1, self.sp))
+        return max(1, self.world // max(1, self.sp))
 
     @property
     def global_batch(self) -> int:

@@ -58,10 +58,12 @@ def test_bad_multi_rank_fields_are_rejected(rec: dict, path: tuple, value) -> No
 
 
 def test_error_record_for_ranks_that_left_none() -> None:
-    run = RunConfig(system="superoffload", model="gpt-tiny", world_size=4)
+    run = RunConfig(system="superoffload", model="gpt-tiny", world=4)
     rec = error_record(run, "4 ranks exited with 1 without writing a record")
     record.validate(rec)
     assert rec["status"] == "error" and rec["world_size"] == 4 and rec["run"]["global_batch"] == 4 * 2
+    # RunConfig.world in code; the record keeps the key it was born with
+    assert rec["run"]["world_size"] == 4 and "world" not in rec["run"]
 
 
 def test_bench_compare_keys_on_world_size(rec: dict) -> None:

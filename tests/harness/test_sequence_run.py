@@ -140,10 +140,10 @@ def test_the_ranks_get_the_sequence_options() -> None:
 
 
 def test_run_config_counts_tokens_per_data_parallel_group() -> None:
-    run = RunConfig(seq=1024, batch=3, grad_accum=2, world_size=8, sp=4)
+    run = RunConfig(seq=1024, batch=3, grad_accum=2, world=8, sp=4)
     assert (run.dp, run.local_seq, run.global_batch) == (2, 256, 3 * 2 * 2)
     assert run.tokens_per_step == 12 * 1024 and run.tokens_per_rank == 3 * 2 * 256
-    assert run.tokens_per_rank * run.world_size == run.tokens_per_step
+    assert run.tokens_per_rank * run.world == run.tokens_per_step
     assert RunConfig(offload_checkpoints=True).checkpointing_mode == "offload"
 
 
@@ -171,7 +171,7 @@ def test_bench_compare_keys_on_sp() -> None:
 def test_schema_sp_fields(tmp_path: Path) -> None:
     from superoffload.harness.record import error_record
 
-    rec = error_record(RunConfig(system="ulysses", seq=64, world_size=4, sp=2), "no record")
+    rec = error_record(RunConfig(system="ulysses", seq=64, world=4, sp=2), "no record")
     record.validate(rec)
     assert (rec["run"]["sp"], rec["run"]["global_seq"], rec["run"]["local_seq"], rec["run"]["dp"]) == (2, 64, 32, 2)
     old = copy.deepcopy(rec)

@@ -119,7 +119,7 @@ def measure(model: str, seq: int, batch: int, *, device: str = "sim", dtype: str
         "kind": RECORD_KIND, "schema_version": 1,
         "created_utc": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "model": model, "seq": seq, "batch": batch, "grad_accum": grad_accum, "dtype": dtype,
-        "activation_checkpointing": checkpointing, "device": dev.kind, "world_size": world,
+        "activation_checkpointing": checkpointing, "device": dev.kind, "world_size": world,  # the file's key
         "device_peak_bytes": {"measured": int(rep["device_peak_bytes"]), "planned": int(est.device_total)},
         "pinned_host_bytes": {"measured": int(rep["host_allocated_bytes"]["pinned"]) + pinned_ckpt,
                               "needed": int(rep["host_needed_bytes"]["pinned"]) + pinned_ckpt,

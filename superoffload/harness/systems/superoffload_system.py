@@ -1,7 +1,7 @@
 """The `superoffload` system: our engine under the common harness.
 
 By default the engine runs the planner's plan for this model, sequence, batch, hardware and rank count
-(``make_plan(..., chips=world_size)``); the plan and its reasons land in the record. On several ranks
+(``make_plan(..., chips=run.world)``); the plan and its reasons land in the record. On several ranks
 the engine shards over torch.distributed's default process group (which the runner initialised).
 The engine config is a merge, later wins:
 
@@ -81,7 +81,7 @@ def plan_for(shape: ModelShape, run: RunConfig):
     # host_threads (placement.rank_host)
     plan = make_plan(shape, run.seq, run.batch, hw,
                      activation_checkpointing=bool(run.activation_checkpointing or run.offload_checkpoints),
-                     grad_accum=run.grad_accum, chips=max(1, run.world_size), sp=run.sp,
+                     grad_accum=run.grad_accum, chips=max(1, run.world), sp=run.sp,
                      offload_checkpoints=bool(run.offload_checkpoints), loss_tile=run.loss_tile or 0,
                      precision=run.precision, **run_host(run).plan_kwargs())
     if warning is not None:  # first: every number below rests on it

@@ -63,7 +63,7 @@ class TorchSystem:
         self.model = model.to(self.device.torch_device)
         self.dtype = torch_dtype(run.precision)
         self.autocast = run.precision != "fp32"
-        self.world = world_size()
+        self.world = world()
         self.ddp = None
         if self.world > 1:
             # the runner initialised the default group (gloo on CPU, nccl on CUDA); one device per rank
@@ -102,7 +102,7 @@ class TorchSystem:
     def stats(self) -> dict[str, Any]:
         out = {"optimizer": "torch.optim.AdamW(fused=True)", "autocast": self.autocast,
                "loss_scale": float(self.scaler.get_scale()) if self.scaler.is_enabled() else None,
-               "world_size": self.world, "ddp": self.ddp is not None}
+               "world_size": self.world, "ddp": self.ddp is not None}  # the record's system_stats key
         if self.ddp is not None:
             out["backend"] = str(torch.distributed.get_backend())
         return out
@@ -111,7 +111,7 @@ class TorchSystem:
         del self.opt, self.model, self.ddp
 
 
-def world_size() -> int:
+def world() -> int:
     """Ranks of the default process group (1 when torch.distributed is not initialised)."""
     dist = torch.distributed
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
