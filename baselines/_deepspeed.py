@@ -72,10 +72,10 @@ def precision_section(dtype: str) -> dict[str, Any]:
     return {"bf16": {"enabled": False}, "fp16": {"enabled": False}}
 
 
-def build_config(run: RunConfig, zero: dict[str, Any], world_size: int) -> dict[str, Any]:
+def build_config(run: RunConfig, zero: dict[str, Any], world: int) -> dict[str, Any]:
     """The full DeepSpeed config for ``run`` with the given ``zero_optimization`` section."""
     return {
-        "train_batch_size": run.batch * run.grad_accum * world_size,
+        "train_batch_size": run.batch * run.grad_accum * world,
         "train_micro_batch_size_per_gpu": run.batch,
         "gradient_accumulation_steps": run.grad_accum,
         "gradient_clipping": float(run.grad_clip),  # 0.0 explicitly: the default is 1.0 since 0.19.3

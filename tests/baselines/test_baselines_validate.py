@@ -78,7 +78,7 @@ def test_deepspeed_version_range():
 
 def test_config_sets_moved_defaults_explicitly():
     run = RunConfig(grad_clip=0.0, dtype="fp16", batch=3, grad_accum=2)
-    cfg = build_config(run, stage3_base(False, offload_param=False, resident=True), world_size=2)
+    cfg = build_config(run, stage3_base(False, offload_param=False, resident=True), world=2)
     assert cfg["gradient_clipping"] == 0.0  # DeepSpeed's default is 1.0 since 0.19.3
     assert cfg["train_batch_size"] == 12 and cfg["train_micro_batch_size_per_gpu"] == 3
     assert cfg["fp16"]["enabled"] and cfg["fp16"]["loss_scale"] == 0 and not cfg["bf16"]["enabled"]
