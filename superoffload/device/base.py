@@ -44,6 +44,9 @@ class Device:
 
     kind = "abstract"
     shares_host_memory = False
+    # waiting for a collective blocks the calling host thread (no stream to hand the wait to): the engine
+    # then leaves a bucket's reduce-scatter in flight while backward goes on, instead of waiting at launch
+    host_waits_for_collectives = False
 
     def __init__(self, torch_device: torch.device, hbm_budget_bytes: int | None) -> None:
         self.torch_device = torch_device
@@ -241,6 +244,7 @@ class HostDevice(Device):
 
     kind = "host"
     shares_host_memory = True
+    host_waits_for_collectives = True
 
     def __init__(self, hbm_budget_bytes: int | None = None) -> None:
         super().__init__(torch.device("cpu"), hbm_budget_bytes)

@@ -5,7 +5,8 @@ Per optimizer step (docs/engine.md has the full account):
    they complete (params with no gradient are flushed at the end of backward);
 2. device side, on a side stream: flatten into a staging slot (casting per `grad_cast`), reduce-scatter
    across ranks, the shard's squared norm in fp64 (also the finite flag), then the gradient shard and
-   its norm D2H on a copy stream into pinned buffers; the autograd gradients are freed;
+   its norm D2H on a copy stream into pinned buffers; the autograd gradients are freed (CPU-only, the
+   reduce-scatter is left in flight and the rest done later, in bucket order: `_complete_launches`);
 3. speculative host step: the worker waits for the D2H and runs the host kernel before the global norm
    is known. It writes only buffers the model does not read (`upload`, and `spare` with full_copy); with
    an upload ring (`upload_slots`) only the first buckets in forward order have a slot to write, the
@@ -56,7 +57,7 @@ from superoffload.engine.loss_scale import DynamicLossScale
 from superoffload.engine.optimizer import OffloadOptimizer
 from superoffload.engine.params import build_param_groups
 from superoffload.engine.plain_loop import PlainLoop
-from superoffload.engine.step_state import StepState
+from superoffload.engine.step_state import InFlight, StepState
 from superoffload.engine.weight_flow import WeightFlow, flow_segments
 from superoffload.engine.worker import HostWorker, NonFiniteError
 from superoffload.options import torch_dtype
@@ -176,6 +177,7 @@ class SuperOffloadEngine(DeepSpeedNames):
         self._window_micros = 0  # backward() calls in the current accumulation window
         self._boundary_override: bool | None = None  # set_gradient_accumulation_boundary()
         self.step_state = StepState()
+        self._in_flight: collections.deque[InFlight] = collections.deque()  # launches not yet completed
         self.global_step = 0
         self.last_grad_norm = float("nan")  # the global gradient norm of the last step (after unscaling)
         self.last_step_applied: bool | None = None  # False: the last step was skipped (non-finite gradients)
@@ -448,6 +450,9 @@ class SuperOffloadEngine(DeepSpeedNames):
         """An exception escaped backward: discard this step's speculation exactly and leave a state
         from which zero_grad() continues as if the window had never been seen."""
         self.worker.drain(check=False)  # no task is left writing (speculation writes only scratch buffers)
+        # reductions left in flight are not waited for: a rank that raised may never see its peers issue
+        # theirs. With several ranks (the only case that leaves any) the engine refuses further use below
+        self._in_flight.clear()
         self._reset_step()
         self.step_state.needs_zero_grad = True
         if self.flow is not None:
@@ -556,6 +561,9 @@ class SuperOffloadEngine(DeepSpeedNames):
     # ============================================================================================
     def _reset_step(self) -> None:
         """Forget the step in progress (the one place its flags and the buckets' launch state reset)."""
+        for f in self._in_flight:  # their collectives still write staging and landing buffers
+            self.comm.wait(f.work)
+        self._in_flight.clear()
         self.step_state.reset()
         for b in self.buckets:
             b.spec = Speculation()
@@ -600,10 +608,12 @@ class SuperOffloadEngine(DeepSpeedNames):
             self.step_state.next_launch += 1
 
     def _launch_remaining(self) -> None:
-        """The buckets still waiting when backward ended (parameters without a gradient), in order."""
+        """The buckets still waiting when backward ended (parameters without a gradient), in order; then
+        every launch is completed (validation reads every bucket's norm)."""
         for b in self.buckets[self.step_state.next_launch:]:
             self._launch(b)
         self.step_state.next_launch = len(self.buckets)
+        self._complete_launches()
 
     def _finish_backward(self) -> None:
         if not self.layout_measured:
@@ -644,9 +654,16 @@ class SuperOffloadEngine(DeepSpeedNames):
         """The bucket's gradients to the host (or its device tail). `carry`: the bucket was launched
         earlier in this step and its reduced shard (landing, or the tail's gradient) holds that part:
         the new gradients are added to it (superoffload.AdamW when a step has more backward passes than
-        predicted, plain_loop.py)."""
+        predicted, plain_loop.py).
+
+        Issued here: the flatten into staging and the reduce-scatter. Where waiting for a collective
+        blocks the host (`Device.host_waits_for_collectives`: the CPU-only backend) the rest, from the
+        reduced shard on, is completed later, in bucket order (`_complete_launches`), so backward goes on
+        while the ranks exchange the bucket; elsewhere the wait is a stream's and it completes at once."""
         dev, comm = self.backend, self.comm
         t0 = time.perf_counter()
+        # its earlier launch's shard is read below (`carry`): that reduction must have landed
+        nested = self._complete_launches(only_done=not carry)  # timed by the completions themselves
         if dev.enabled("launch: waits for the bucket's host tasks") and not b.idle.is_set():
             self.worker.wait_event(b.idle)  # last step's tasks still read this bucket's landing buffer
             self.counters.add(launch_wait_s=time.perf_counter() - t0)
@@ -667,6 +684,7 @@ class SuperOffloadEngine(DeepSpeedNames):
         prev = self._carried_shard(b) if carry else None  # before the flatten or the reduction overwrite it
         flat, shard, slot = self._grad_target(b)
         if slot is not None:
+            nested += self._complete_launches(slot=slot)  # a reduction still reading this staging slot
             dev.wait_event(side, self.ring.free_event[slot], "launch: staging slot free")
         with dev.stream(side):
             for pc in resent:
@@ -679,16 +697,7 @@ class SuperOffloadEngine(DeepSpeedNames):
                 else:
                     view.zero_()
             flat[b.layout.numel:].zero_()
-            comm.wait(comm.reduce_scatter(shard, flat))
-            if b.tail is not None and shard is not b.tail["grad"]:
-                b.tail["grad"].copy_(shard)  # reduced in the training precision; the tail steps in fp32
-            reduced = shard
-            if prev is not None:
-                reduced = b.tail["grad"] if b.tail is not None else shard
-                reduced.add_(prev)
-                dev.hold_for(prev, (side,))  # freed when this returns: not reused before the add ran
-            dev.kernels.grad_norm_sq(reduced, self.norms[b.index: b.index + 1])
-            dev.record(b.flat_ready, side, "launch: gradient flattened")
+            work = comm.reduce_scatter(shard, flat)
         for pc, g in grads:  # autograd's gradient is consumed: its memory returns once the side stream is done
             if not pc.last:  # a split parameter's later pieces, in later buckets, still read it
                 b.kept[pc.index] = self._grad_gen[pc.index]
@@ -697,11 +706,49 @@ class SuperOffloadEngine(DeepSpeedNames):
             pc.param.grad = None
             self._adopted.discard(pc.index)
             self._grad_gen[pc.index] += 1
+        launch = InFlight(b, work, shard, slot, prev)
+        self.counters.add(grad_launch_s=time.perf_counter() - t0 - nested)
+        if work is not None and dev.host_waits_for_collectives:
+            self._in_flight.append(launch)
+            self.counters.add(launches_in_flight=1)
+        else:
+            self._complete(launch)
+
+    def _complete_launches(self, only_done: bool = False, slot: int | None = None) -> float:
+        """Complete launched buckets whose reduce-scatter was left in flight, oldest first (bucket order,
+        the same on every rank, so the host worker's tasks and all-gathers keep one order): all of them;
+        with `only_done`, those already reduced; with `slot`, until none still reads that staging slot.
+        Returns the seconds it took."""
+        q, t0 = self._in_flight, time.perf_counter()
+        while q:
+            if only_done and not q[0].work.is_completed():
+                break
+            if slot is not None and all(f.slot != slot for f in q):
+                break
+            self._complete(q.popleft())
+        return time.perf_counter() - t0
+
+    def _complete(self, f: InFlight) -> None:
+        """A launch from the reduced shard on: the norm, the copy to the host, the speculative step."""
+        dev, side, b, shard = self.backend, self.side_stream, f.bucket, f.shard
+        t0 = time.perf_counter()
+        with dev.stream(side):
+            self.comm.wait(f.work)
+            t1 = time.perf_counter()
+            if b.tail is not None and shard is not b.tail["grad"]:
+                b.tail["grad"].copy_(shard)  # reduced in the training precision; the tail steps in fp32
+            reduced = shard
+            if f.prev is not None:
+                reduced = b.tail["grad"] if b.tail is not None else shard
+                reduced.add_(f.prev)
+                dev.hold_for(f.prev, (side,))  # freed when this returns: not reused before the add ran
+            dev.kernels.grad_norm_sq(reduced, self.norms[b.index: b.index + 1])
+            dev.record(b.flat_ready, side, "launch: gradient flattened")
         if b.host is not None:
-            self._land(b, shard, slot)
-        elif slot is not None:
-            dev.record(self.ring.free_event[slot], side, "launch: staging slot read")
-        self.counters.add(grad_launch_s=time.perf_counter() - t0)
+            self._land(b, shard, f.slot)
+        elif f.slot is not None:
+            dev.record(self.ring.free_event[f.slot], side, "launch: staging slot read")
+        self.counters.add(grad_launch_s=time.perf_counter() - t1, reduce_wait_s=t1 - t0)
         if b.host is not None and self.step_state.speculating:
             scale, hps = self._unscale(), self._current_hps()  # the clip factor assumed 1
             b.spec = Speculation(queued=True, scale=scale, hps=hps)
@@ -755,6 +802,7 @@ class SuperOffloadEngine(DeepSpeedNames):
         """(Σ over buckets and ranks of the shards' squared norms, number of non-finite shards): one
         all-reduce in fp64 on the device, then the step's one host synchronization."""
         dev = self.backend
+        self._complete_launches()  # already done at the end of backward; a norm is never read half-reduced
         dev.wait_stream(dev.current_stream(), self.side_stream, "validate: compute waits for the bucket norms")
         norms = self.norms
         finite = torch.isfinite(norms)

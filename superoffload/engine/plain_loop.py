@@ -176,6 +176,7 @@ class PlainLoop:
                 continue  # nothing new for it (one rank: no collective to keep in step)
             e._launch(b, carry=b.index < agreed)
         e.step_state.next_launch = len(e.buckets)
+        e._complete_launches()
 
     def step(self) -> bool | None:
         """Validate and apply the step; None when no gradient reached the engine since the last one

@@ -10,6 +10,9 @@ in backward leaves `needs_zero_grad` until zero_grad() discards the window.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
+
+import torch
 
 
 @dataclass
@@ -28,3 +31,15 @@ class StepState:
         keep = self.needs_zero_grad
         self.__init__()  # type: ignore[misc]
         self.needs_zero_grad = keep
+
+
+@dataclass
+class InFlight:
+    """A launched bucket whose reduce-scatter is still running (the CPU-only backend leaves it in flight
+    while backward goes on): what completing the launch needs."""
+
+    bucket: Any  # engine.bucket.Bucket
+    work: Any  # the collective's handle
+    shard: torch.Tensor  # where this rank's reduced part lands
+    slot: int | None  # the staging slot the flat gradient was written to (read until the work is done)
+    prev: torch.Tensor | None  # a carried launch's earlier shard, added once reduced

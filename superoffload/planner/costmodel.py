@@ -383,10 +383,13 @@ class _Builder:
         aliases = ({HOST: COMPUTE, NET: COMPUTE} if self.host_shares_compute
                    else {NET: HOST} if hw.device_is_host else None)
         self.graph = Graph(aliases)
-        # a device that is the host: the engine waits for each bucket's gradient reduce-scatter on the training
-        # thread (engine/engine.py `_launch`: comm.wait, a blocking wait on a CPU process group, where on CUDA it
-        # is a stream wait), so backward continues only once it is done
+        # a device that is the host: the training thread leaves each bucket's gradient reduce-scatter in flight
+        # (engine/engine.py `_launch`; a wait would block the thread, where on CUDA it is a stream wait) and
+        # waits only when a launch reuses the staging slot a reduction still reads (`staging_buffers` slots,
+        # round robin) and once at the end of backward for them all
         self.reduce_blocks_compute = hw.device_is_host and spec.name == "superoffload"
+        self.staging_slots = int(MEMORY_DEFAULTS["staging_buffers"])
+        self._reductions: list[int] = []  # this backward's reduce-scatters, in launch order
         self._blocking: list[int] = []
         # a device that is the host, the worker on a core of its own: its work still slows the compute beside it
         # (memory bandwidth, caches, SMT siblings) by the share calibrate measured; each host op adds that share
@@ -550,8 +553,9 @@ class _Builder:
         prev = graph.barrier(f"it{it}.bwd_emb", [prev] + self._take_blocking(), it)
         grad_ready[bk.EMB] = prev
         self._emit_ready(it, grad_ready, emitted, last_micro, iter_ops)
-        if self._blocking:  # the embedding's bucket: backward returns once its reduce-scatter is done
-            prev = graph.barrier(f"it{it}.bwd_end", [prev] + self._take_blocking(), it)
+        if self._reductions:  # backward returns once every reduce-scatter left in flight is done
+            prev = graph.barrier(f"it{it}.bwd_end", [prev] + self._take_blocking() + self._reductions, it)
+            self._reductions = []
         return prev
 
     def _host_op(self, name: str, duration: float, deps: list[int], kind: str, it: int) -> int:
@@ -591,7 +595,11 @@ class _Builder:
         op = self.graph.add(f"it{it}.{spec.grad_reduce}{j}", NET, t, [last], spec.grad_reduce, it)
         self._norm_ops.append(op)
         if self.reduce_blocks_compute:
-            self._blocking.append(op)
+            # this launch reuses the slot of the reduction `staging_slots` launches back: the thread waits for it
+            reused = len(self._reductions) - self.staging_slots
+            if reused >= 0:
+                self._blocking.append(self._reductions[reused])
+            self._reductions.append(op)
         return op
 
     def _grad_path(self, it: int, j: int, ready: int) -> dict[str, Any]:

@@ -67,6 +67,28 @@ def test_speculation_equals_validate_first_at_w2(tmp_path, args):
     assert reduces and all(e.endswith(" " + dtype) for e in reduces), reduces[:3]
 
 
+def test_reductions_left_in_flight_change_nothing(tmp_path):
+    """On the CPU-only backend a bucket's reduce-scatter is left in flight while backward goes on and the
+    launch is completed later, in bucket order: the weights, optimizer state and collective sequence are
+    bit for bit those of waiting at each launch, with one staging slot (every reuse waits) or three, and
+    with reductions that read their input only when waited for (a slot reused too early shows)."""
+    res, _, _ = run_ranks(2, "in_flight", tmp_path)
+    waited = [r["waited"] for r in res]
+    assert all(w["counters"].get("launches_in_flight", 0) == 0 for w in waited)
+    ref = param_state([w["state_dict"] for w in waited])
+    for name in ("one-slot", "three-slots", "late-one-slot"):
+        runs = [r[name] for r in res]
+        assert all(run["counters"]["launches_in_flight"] > 0 for run in runs), name  # the deferral really ran
+        for run, w in zip(runs, waited, strict=True):
+            assert run["digests"] == w["digests"], name
+            assert run["logs"] == w["logs"], name
+        got = param_state([run["state_dict"] for run in runs])
+        for n in ref:
+            for k in ("master", "exp_avg", "exp_avg_sq"):
+                assert torch.equal(got[n][k], ref[n][k]), f"{name}: {n}.{k}"
+    assert waited[0]["digests"] == waited[1]["digests"]
+
+
 def test_reducing_in_bf16_tracks_the_fp32_reduction(tmp_path):
     """grad_cast host at W=2: each rank's bf16 gradient summed in bf16 and moved in bf16 trains like the
     fp32 reduction (the same 8 steps with clipping and a skipped NaN step) within bf16's resolution."""

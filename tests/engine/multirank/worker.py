@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 import superoffload
+from superoffload.engine.comm import Comm
 from superoffload.models import build_model, get_shape
 
 SEQ, GLOBAL_ROWS = 16, 4  # every world size trains the same global batch; rank r takes its rows
@@ -99,6 +100,49 @@ def scenario_exact(a, rank: int, world: int) -> dict:
         res["state_dict"] = engine.state_dict()
         res["stats"] = {k: v for k, v in engine.stats["speculation"].items() if k != "rollback_time_s"}
         res["world"] = engine.comm.world
+        out[name] = res
+        engine.close()
+    return out
+
+
+class _LateWork:
+    """A reduce-scatter that reads its input only when waited for: the latest a backend may read it."""
+
+    def __init__(self, issue) -> None:
+        self.issue, self.done = issue, False
+
+    def is_completed(self) -> bool:
+        return self.done
+
+    def wait(self) -> None:
+        if not self.done:
+            Comm.wait(self.issue())
+            self.done = True
+
+
+def scenario_in_flight(a, rank: int, world: int) -> dict:
+    """The same speculating run four ways on the CPU-only backend: each reduce-scatter waited for at its
+    launch (as on a device with streams); left in flight while backward goes on, with 1 and 3 staging
+    slots (a slot's reuse waits for the reduction reading it); and left in flight with reductions that
+    read their input only when waited for (a staging slot overwritten early would change the result)."""
+    from superoffload.device.base import HostDevice
+    base = {"optimizer": OPT, "precision": a.precision, "bucket_size": 40_000, "device_tail_buckets": a.tail,
+            "speculation_policy": {"max_rollback_rate": 1.0}}
+    issue = Comm.reduce_scatter
+    out = {}
+    for name, in_flight, slots, late in (("waited", False, 2, False), ("one-slot", True, 1, False),
+                                         ("three-slots", True, 3, False), ("late-one-slot", True, 1, True)):
+        HostDevice.host_waits_for_collectives = in_flight
+        if late:
+            Comm.reduce_scatter = lambda self, o, i: _LateWork(lambda: issue(self, o, i))
+        try:
+            engine, state = make_engine({**base, "staging_buffers": slots}, rank, nan_step=4, groups=False)
+            res = train(engine, state, rank, world, a.steps)
+        finally:
+            HostDevice.host_waits_for_collectives = True
+            Comm.reduce_scatter = issue
+        res["state_dict"] = engine.state_dict()
+        res["counters"] = engine.counters.snapshot()
         out[name] = res
         engine.close()
     return out
@@ -222,8 +266,9 @@ def scenario_sp(a, rank: int, world: int) -> dict:
                                         if k != "rollback_time_s"}, "digest": digest(engine.model)}
 
 
-SCENARIOS = {"exact": scenario_exact, "sp": scenario_sp, "torch_ref": scenario_torch_ref, "save": scenario_save,
-             "resume": scenario_resume, "raise": scenario_raise, "mixed": scenario_mixed}
+SCENARIOS = {"exact": scenario_exact, "in_flight": scenario_in_flight, "sp": scenario_sp,
+             "torch_ref": scenario_torch_ref, "save": scenario_save, "resume": scenario_resume,
+             "raise": scenario_raise, "mixed": scenario_mixed}
 
 
 def main() -> None:
