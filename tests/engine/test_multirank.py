@@ -67,6 +67,18 @@ def test_speculation_equals_validate_first_at_w2(tmp_path, args):
     assert reduces and all(e.endswith(" " + dtype) for e in reduces), reduces[:3]
 
 
+def test_a_host_reduce_scatter_is_torchs_bit_for_bit(tmp_path):
+    """On host tensors Comm.reduce_scatter all-reduces and keeps this rank's slice (gloo's reduce-scatter is
+    slower): at two ranks the result is reduce_scatter_tensor's bit for bit, fp32 and bf16, and the log
+    still says what the engine asked for."""
+    res, _, _ = run_ranks(2, "comm", tmp_path)
+    for r in res:
+        for dtype, v in r.items():
+            assert torch.equal(v["got"], v["ref"]), dtype
+            assert v["log"][-1].startswith("reduce_scatter 14 "), v["log"]
+    assert not torch.equal(res[0]["torch.float32"]["got"], res[1]["torch.float32"]["got"])  # each its own slice
+
+
 def test_reductions_left_in_flight_change_nothing(tmp_path):
     """On the CPU-only backend a bucket's reduce-scatter is left in flight while backward goes on and the
     launch is completed later, in bucket order: the weights, optimizer state and collective sequence are

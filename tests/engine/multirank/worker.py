@@ -148,6 +148,25 @@ def scenario_in_flight(a, rank: int, world: int) -> dict:
     return out
 
 
+def scenario_comm(a, rank: int, world: int) -> dict:
+    """Comm.reduce_scatter on host tensors (an all-reduce and this rank's slice) against torch's
+    reduce_scatter_tensor, on fp32 and bf16 buffers, waited for at once and after other work."""
+    comm = Comm.create()
+    gen = torch.Generator().manual_seed(rank)
+    out = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        inp = torch.randn(6 * world + world, generator=gen).to(dtype)  # not a multiple of anything but world
+        ref = torch.empty(inp.numel() // world, dtype=dtype)
+        dist.reduce_scatter_tensor(ref, inp.clone())
+        got = torch.empty_like(ref)
+        work = comm.reduce_scatter(got, inp)
+        _ = torch.randn(1000, generator=gen).sum()  # something else meanwhile
+        comm.wait(work)
+        comm.wait(work)  # a second wait copies nothing again
+        out[str(dtype)] = {"ref": ref, "got": got, "log": list(comm.log["main"])}
+    return out
+
+
 def scenario_torch_ref(a, rank: int, world: int) -> dict:
     cfg = {"optimizer": OPT, "precision": "fp32", "bucket_size": 40_000, "device_tail_buckets": 1, "grad_clip": 1.0,
            "speculation_policy": {"max_rollback_rate": 1.0}, "device": a.device}
@@ -266,7 +285,7 @@ def scenario_sp(a, rank: int, world: int) -> dict:
                                         if k != "rollback_time_s"}, "digest": digest(engine.model)}
 
 
-SCENARIOS = {"exact": scenario_exact, "in_flight": scenario_in_flight, "sp": scenario_sp,
+SCENARIOS = {"exact": scenario_exact, "in_flight": scenario_in_flight, "comm": scenario_comm, "sp": scenario_sp,
              "torch_ref": scenario_torch_ref, "save": scenario_save, "resume": scenario_resume,
              "raise": scenario_raise, "mixed": scenario_mixed}
 
