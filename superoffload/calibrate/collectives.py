@@ -6,7 +6,9 @@ bf16 for the training precision's reductions: `dtypes`), a reduce-scatter, an al
 (SUM, as the engine does): each time is the best of `repeats`, of the slowest rank (a collective ends when its
 last rank does). It also times the same small all-gather issued from a
 second thread on a group of its own, the way the engine's host worker issues the weights' all-gathers: the
-difference is the cost of issuing from the worker (`worker_issue_s`). The profile keeps, for the "intra"
+difference is the cost of issuing from the worker (`worker_issue_s`). On CPUs (gloo) it measures what an
+all-reduce left in flight costs the compute beside it on the same cores (`compute_share`, `_compute_share`).
+The profile keeps, for the "intra"
 link class (ranks of one node), the measured curve per kind and its fit (latency per ring step, bandwidth
 per rank: planner/hardware.py `fit_collective`); the cost model then uses them instead of the preset's
 link numbers (docs/cost_model.md, "Collectives").
@@ -104,6 +106,62 @@ def _time(fn: Any, repeats: int, device: torch.device) -> float:
     return float(t.item())
 
 
+def _compute_share(repeats: int) -> float:
+    """Seconds of compute lost per second of all-reduces left in flight beside it on the same cores (gloo runs a
+    collective on threads of the rank's process): what a rank without a core to spare pays for the reductions
+    the engine leaves in flight during backward. A small MLP's forward and backward alone (t_c), a batch of K
+    4 MiB all-reduces alone (t_ar, K chosen so it lasts about half of t_c), and the batch issued asynchronously
+    then the compute, then the wait (t_both): share = (t_both - t_c) / t_ar, clipped to [0, 1], the median over
+    alternated triples of the slowest rank. 1: the collectives' time all lands on the compute (nothing hides);
+    0: they run entirely in the gaps (waiting for the peer and the loopback)."""
+    x = torch.randn(256, 256)
+    net = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 256))
+
+    def compute() -> float:
+        t0 = time.perf_counter()
+        for _ in range(8):
+            net(x).sum().backward()
+        return time.perf_counter() - t0
+
+    bufs = [torch.ones(1 << 20) for _ in range(16)]
+
+    def reduce(k: int) -> list[Any]:
+        return [dist.all_reduce(b, async_op=True) for b in bufs[:k]]
+
+    def slowest(v: float) -> float:
+        t = torch.tensor([v], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return float(t.item())
+
+    compute()
+    t_c = slowest(compute())
+    dist.barrier()
+    t0 = time.perf_counter()
+    for w in reduce(1):
+        w.wait()
+    k = torch.tensor([max(1, min(len(bufs), int(0.5 * t_c / max(time.perf_counter() - t0, 1e-6))))])
+    dist.all_reduce(k, op=dist.ReduceOp.MIN)  # every rank issues the same batch
+    batch = int(k.item())
+    shares = []
+    for _ in range(max(3, repeats)):
+        dist.barrier()
+        t_c = slowest(compute())
+        dist.barrier()
+        t0 = time.perf_counter()
+        for w in reduce(batch):
+            w.wait()
+        t_ar = slowest(time.perf_counter() - t0)
+        dist.barrier()
+        t0 = time.perf_counter()
+        works = reduce(batch)
+        compute()
+        for w in works:
+            w.wait()
+        t_both = slowest(time.perf_counter() - t0)
+        shares.append(min(1.0, max(0.0, (t_both - t_c) / t_ar)))
+    return sorted(shares)[len(shares) // 2]
+
+
 def link_class(hostnames: list[str]) -> str:
     """"inter" when the ranks span more than one host, else "intra" (HardwareProfile.collectives' keys)."""
     return "inter" if len(set(hostnames)) > 1 else "intra"
@@ -185,13 +243,15 @@ def _rank(a: argparse.Namespace) -> None:
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     hosts: list[Any] = [None] * a.world
     dist.all_gather_object(hosts, socket.gethostname())
+    share = _compute_share(a.repeats) if device.type == "cpu" else None
     if a.rank == 0:
-        _write_result(a, sizes, seconds, by_dtype, max(0.0, float(t.item()) - main_t), hosts)
+        _write_result(a, sizes, seconds, by_dtype, max(0.0, float(t.item()) - main_t), hosts, share)
     dist.destroy_process_group()
 
 
 def _write_result(a: argparse.Namespace, sizes: list[int], seconds: dict[str, list[float]],
-                  by_dtype: dict[str, dict[str, list[float]]], worker_issue_s: float, hosts: list[Any]) -> None:
+                  by_dtype: dict[str, dict[str, list[float]]], worker_issue_s: float, hosts: list[Any],
+                  compute_share: float | None = None) -> None:
     """Rank 0: fit each collective's latency and bandwidth (fp32, and each other dtype's curve) and write them
     into --profile, else to --out."""
     fits = {k: fit_collective(sizes, seconds[k], a.world) for k in COLLECTIVES}
@@ -203,7 +263,7 @@ def _write_result(a: argparse.Namespace, sizes: list[int], seconds: dict[str, li
     out = {"backend": a.backend, "world": a.world, "sizes": sizes, "seconds": seconds,
            "latency_s": {k: f[0] for k, f in fits.items()}, "gbps": {k: f[1] for k, f in fits.items()},
            "dtypes": half,
-           "worker_issue_s": worker_issue_s, "host": socket.gethostname(),
+           "worker_issue_s": worker_issue_s, "compute_share": compute_share, "host": socket.gethostname(),
            "hosts": len(set(hosts)), "link_class": link_class(hosts),
            "measured_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
     if a.profile:

@@ -593,7 +593,9 @@ def calibrate(out_path: str | os.PathLike[str] | None = None, quick: bool = Fals
                           f"{lat['reduce_scatter'] * 1e6:.0f} us/step + {gbps['reduce_scatter']:.2f} GB/s, all-gather "
                           f"{lat['all_gather'] * 1e6:.0f} us + {gbps['all_gather']:.2f} GB/s, all-reduce "
                           f"{lat['all_reduce'] * 1e6:.0f} us + {gbps['all_reduce']:.2f} GB/s; issuing from the "
-                          f"host worker thread {measured['worker_issue_s'] * 1e6:.0f} us")
+                          f"host worker thread {measured['worker_issue_s'] * 1e6:.0f} us"
+                          + (f"; an all-reduce in flight costs the compute beside it {measured['compute_share']:.2f} "
+                             f"of its time" if measured.get("compute_share") is not None else ""))
     # every number above is a rate of this machine as it was: other processes' CPU time slows them all (a
     # calibration on a loaded 2-core machine measured gpt-tiny's compute 2.6x slower), so the profile says so
     others = sampler.others_share()

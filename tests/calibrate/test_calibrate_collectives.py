@@ -33,6 +33,7 @@ def test_two_gloo_ranks_measure_sane_positive_times_that_grow_with_size(measured
         lat, gbps = measured["latency_s"][kind], measured["gbps"][kind]
         assert 0 < lat < 0.1 and 0 < gbps < 1e4, (kind, lat, gbps)
     assert measured["worker_issue_s"] >= 0
+    assert 0.0 <= measured["compute_share"] <= 1.0  # gloo: what an all-reduce in flight costs the compute beside it
 
 
 def test_fit_recovers_a_ring_it_was_given() -> None:
