@@ -114,15 +114,9 @@ def _compute_share(repeats: int) -> float:
     then the compute, then the wait (t_both): share = (t_both - t_c) / t_ar, clipped to [0, 1], the median over
     alternated triples of the slowest rank. 1: the collectives' time all lands on the compute (nothing hides);
     0: they run entirely in the gaps (waiting for the peer and the loopback)."""
-    x = torch.randn(256, 256)
-    net = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 256))
+    from superoffload.calibrate.compute import mlp_step_timer
 
-    def compute() -> float:
-        t0 = time.perf_counter()
-        for _ in range(8):
-            net(x).sum().backward()
-        return time.perf_counter() - t0
-
+    compute = mlp_step_timer(256, 8)
     bufs = [torch.ones(1 << 20) for _ in range(16)]
 
     def reduce(k: int) -> list[Any]:

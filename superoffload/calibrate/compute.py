@@ -33,6 +33,23 @@ PROFILE_BYTES_PER_PARAM = 8  # fp32 weights + grads (activations of a profiled m
 MIN_ITERS, MAX_ITERS, TARGET_S = 5, 40, 1.5  # timed iterations per model: about TARGET_S seconds of them
 
 
+def mlp_step_timer(rows: int, iters: int) -> Any:
+    """A timer of a training step's kind of compute, for measuring what runs beside it slows: a small MLP's
+    forward and backward, `iters` times on `rows` rows; each call returns its seconds."""
+    import torch
+
+    x = torch.randn(rows, 256)
+    net = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 256))
+
+    def compute() -> float:
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            net(x).sum().backward()
+        return time.perf_counter() - t0
+
+    return compute
+
+
 def parse_workloads(text: str) -> list[tuple[str, int, int]]:
     """``MODEL:SEQ:BATCH[,...]`` -> [(model, seq, batch)]; raises ValueError saying what to change."""
     out = []

@@ -278,15 +278,9 @@ def _host_interference(threads: int, quick: bool) -> float | None:
 
     if usable_cpus() < threads + 1:
         return None
-    x = torch.randn(512, 256)
-    net = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 256))
+    from superoffload.calibrate.compute import mlp_step_timer
 
-    def compute() -> float:
-        t0 = time.perf_counter()
-        for _ in range(10):
-            net(x).sum().backward()
-        return time.perf_counter() - t0
-
+    compute = mlp_step_timer(512, 10)
     n = 1 << (22 if quick else 24)
     p, g, m, v = torch.randn(n), torch.randn(n), torch.zeros(n), torch.zeros(n)
     try:
