@@ -1,5 +1,5 @@
 """gloo's reduce-scatter against an all-reduce of the same buffer plus a slice copy, side by side: the
-measurement behind `engine/comm.py` reducing host tensors with an all-reduce.
+measurement behind `engine/comm.py` reducing host tensors on two ranks with an all-reduce.
 
     python benchmarks/gloo_reduce_scatter.py [--world 2] [--sizes-mib 0.25,1,4,16,64] [--repeats 7]
 

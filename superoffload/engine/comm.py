@@ -83,17 +83,18 @@ class Comm:
     def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor) -> Any:
         """Async SUM reduce-scatter of `inp` (world * out.numel() elements) into `out`.
 
-        Host tensors (gloo) are all-reduced in place and this rank's slice copied out when the work is
-        waited for: gloo's reduce-scatter is slower than its all-reduce of the same buffer at every size
-        measured (docs/cost_model.md, "Collectives": 2 ranks, 1-64 MiB, 1.3-2.2x). `inp` is then
-        overwritten with the sum (the engine's staging slot, scratch). The log keeps the engine's
-        operation, a reduce-scatter."""
+        Host tensors (gloo) on two ranks are all-reduced in place and this rank's slice copied out when
+        the work is waited for: there gloo's reduce-scatter is slower than its all-reduce of the same
+        buffer at every size measured (docs/cost_model.md, "Collectives": 0.25-64 MiB, 1.09-1.53x); on
+        four it was not (0.55-1.45x), so more ranks keep the reduce-scatter. `inp` is then overwritten
+        with the sum (the engine's staging slot, scratch). The log keeps the engine's operation, a
+        reduce-scatter."""
         if not self.active:
             if out.data_ptr() != inp.data_ptr():
                 out.copy_(inp)
             return None
         self.log["main"].append(f"reduce_scatter {inp.numel()} {str(inp.dtype).removeprefix('torch.')}")
-        if inp.device.type == "cpu":
+        if inp.device.type == "cpu" and self.world == 2:
             work = dist.all_reduce(inp, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
             n = out.numel()
             return _SliceOnWait(work, out, inp[self.rank * n: (self.rank + 1) * n])

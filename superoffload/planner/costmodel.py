@@ -391,8 +391,8 @@ class _Builder:
         # a device that is the host: the training thread leaves each bucket's gradient reduce-scatter in flight
         # (engine/engine.py `_launch`; a wait would block the thread, where on CUDA it is a stream wait) and
         # waits only when a launch reuses the staging slot a reduction still reads (`staging_buffers` slots,
-        # round robin) and once at the end of backward for them all; on gloo a reduce-scatter is an all-reduce
-        # of the bucket (engine/comm.py)
+        # round robin) and once at the end of backward for them all; on two gloo ranks a reduce-scatter is an
+        # all-reduce of the bucket (engine/comm.py)
         self.engine_on_host = hw.device_is_host and spec.name == "superoffload"
         self.staging_slots = int(MEMORY_DEFAULTS["staging_buffers"])
         self._reductions: list[int] = []  # this backward's reduce-scatters, in launch order
@@ -604,8 +604,8 @@ class _Builder:
         if self.world <= 1 or spec.grad_reduce is None:
             return last
         kind = spec.grad_reduce
-        if self.engine_on_host and kind == "reduce_scatter":
-            kind = "all_reduce"  # engine/comm.py: on gloo the engine all-reduces the bucket and keeps its slice
+        if self.engine_on_host and kind == "reduce_scatter" and self.world == 2:
+            kind = "all_reduce"  # engine/comm.py: on two gloo ranks the engine all-reduces the bucket, keeps its slice
         t = self.costs.collective(kind, n * spec.grad_reduce_bytes, calls=self.groups[j].real_buckets,
                                   elem_bytes=spec.grad_reduce_bytes)
         op = self._net_op(f"it{it}.{spec.grad_reduce}{j}", t, [last], spec.grad_reduce, it)
