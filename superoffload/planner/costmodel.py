@@ -380,12 +380,10 @@ class _Builder:
         # collectives (CPU threads of the process group), so none of them overlaps compute. With a core of
         # its own the worker's core also runs the collectives' threads
         self.host_shares_compute = hw.device_is_host and not self.share.own_core
-        # ... unless calibrate measured what a collective in flight costs the compute beside it (gloo waits for
-        # the peer and the loopback part of the time): the collectives then run beside the compute, each adding
-        # that share of its time to the compute stream
-        self.net_share = hw.collective_compute_share() if self.host_shares_compute else None
-        aliases = ({HOST: COMPUTE} if self.net_share is not None
-                   else {HOST: COMPUTE, NET: COMPUTE} if self.host_shares_compute
+        # (calibrate measures what a collective in flight costs the compute beside it, `compute_share`, which
+        # would let part of them overlap; not used: under load it reads 0 and the plans it made lost,
+        # docs/cost_model.md "Host cores per rank")
+        aliases = ({HOST: COMPUTE, NET: COMPUTE} if self.host_shares_compute
                    else {NET: HOST} if hw.device_is_host else None)
         self.graph = Graph(aliases)
         # a device that is the host: the training thread leaves each bucket's gradient reduce-scatter in flight
@@ -440,7 +438,7 @@ class _Builder:
         if self.world > 1:
             per = spec.param_gather_bytes or spec.fetch_bytes
             t = self.costs.collective("all_gather", params * per, elem_bytes=per)
-            before = [self._net_op(f"it{it}.gather_{tag}{layer}", t, before, "all_gather", it)]
+            before = [self.graph.add(f"it{it}.gather_{tag}{layer}", NET, t, before, "all_gather", it)]
         return before
 
     def build(self, iterations: int = ITERATIONS) -> Graph:
@@ -462,7 +460,7 @@ class _Builder:
             check = [prev_compute] + self._norm_ops
             if self.world > 1 and self.spec.step_allreduce:
                 t = self.costs.collective("all_reduce", 16.0)
-                check = [self._net_op(f"it{it}.norm_allreduce", t, check, "all_reduce", it)]
+                check = [graph.add(f"it{it}.norm_allreduce", NET, t, check, "all_reduce", it)]
             validate = graph.barrier(f"it{it}.validate", check, it)
             unit_ready, step_ops = self._finish_buckets(it, validate)
             step_done = graph.barrier(f"it{it}.step_done", [validate] + step_ops, it)
@@ -516,7 +514,7 @@ class _Builder:
         """A block's four Ulysses all-to-alls (sequence parallelism only), after its compute."""
         if self.w.sp <= 1:
             return prev
-        return self._net_op(f"it{it}.a2a_{tag}", self.costs.a2a, [prev], "all_to_all", it)
+        return self.graph.add(f"it{it}.a2a_{tag}", NET, self.costs.a2a, [prev], "all_to_all", it)
 
     def _backward(self, it: int, prev: int, slot_users: list[int], last_micro: bool, iter_ops: list[int]) -> int:
         """One micro-batch's backward: head, blocks last to first (recomputed when checkpointing, flowed
@@ -571,13 +569,6 @@ class _Builder:
             self.graph.add(f"{name}.beside", COMPUTE, self.interference * duration, deps, "host_interference", it)
         return op
 
-    def _net_op(self, name: str, duration: float, deps: list[int], kind: str, it: int) -> int:
-        """A collective, and the compute it costs beside it on a rank without a core to spare (``net_share``)."""
-        op = self.graph.add(name, NET, duration, deps, kind, it)
-        if self.net_share and duration > 0:
-            self.graph.add(f"{name}.beside", COMPUTE, self.net_share * duration, deps, "collective_interference", it)
-        return op
-
     def _take_blocking(self) -> list[int]:
         """The collectives the training thread has waited for since the last compute op (then forgotten)."""
         out, self._blocking = self._blocking, []
@@ -608,7 +599,7 @@ class _Builder:
             kind = "all_reduce"  # engine/comm.py: on two gloo ranks the engine all-reduces the bucket, keeps its slice
         t = self.costs.collective(kind, n * spec.grad_reduce_bytes, calls=self.groups[j].real_buckets,
                                   elem_bytes=spec.grad_reduce_bytes)
-        op = self._net_op(f"it{it}.{spec.grad_reduce}{j}", t, [last], spec.grad_reduce, it)
+        op = self.graph.add(f"it{it}.{spec.grad_reduce}{j}", NET, t, [last], spec.grad_reduce, it)
         self._norm_ops.append(op)
         if self.engine_on_host:
             # this launch reuses the slot of the reduction `staging_slots` launches back: the thread waits for it
@@ -774,7 +765,7 @@ class _Builder:
             return last
         t = self.costs.collective("all_gather", params * spec.param_gather_bytes, calls=calls,
                                   worker=worker and spec.name == "superoffload", elem_bytes=spec.param_gather_bytes)
-        return self._net_op(f"it{it}.all_gather{tag}", t, [last], "all_gather", it)
+        return self.graph.add(f"it{it}.all_gather{tag}", NET, t, [last], "all_gather", it)
 
     def _step_overheads(self, it: int, validate: int, step_ops: list[int]) -> list[int]:
         """Per-step framework work after backward: torch.optim's per-tensor loop and clipping (systems
@@ -980,9 +971,7 @@ def _summarise(system: str, w: Workload, hw: HardwareProfile, opts: Options, spe
     if b.host_shares_compute:
         notes.append(f"{b.share.cores:g} host core(s) per rank, compute on {b.share.compute_threads} thread(s): the "
                      "host's work (optimizer steps, casts) and the collectives run on the rank's compute core, not "
-                     "beside it" + ("" if b.net_share is None else
-                                    f" (a collective in flight costs the compute {b.net_share:.2f} of its time, "
-                                    "calibrated; the rest overlaps)"))
+                     "beside it")
     if (hw.device_is_host and hw.compute_threads is not None and b.share.compute_threads is not None
             and b.share.compute_threads != hw.compute_threads):
         notes.append(f"compute rates measured at {hw.compute_threads} thread(s), the run computes on "

@@ -171,7 +171,8 @@ class HardwareProfile:
     # ("intra": ranks of one node; "inter": across nodes): {"backend", "world", "sizes" (bytes), "seconds":
     # {kind: [...]}, "latency_s": {kind: a}, "gbps": {kind: b}, "worker_issue_s", "dtypes": {"bf16": {"seconds",
     # "latency_s", "gbps"}}, "compute_share" (CPUs: the compute's loss per second of an all-reduce in flight
-    # beside it on the same cores, or null)} (fp32 at the top; calibrate/collectives.py).
+    # beside it on the same cores, or null; recorded, not used by the cost model)} (fp32 at the top;
+    # calibrate/collectives.py).
     # When present they replace the link numbers above for that class (docs/cost_model.md, "Collectives").
     collectives: dict[str, dict[str, Any]] | None = None
     # Threads. `compute_threads`: the compute threads the compute rates stand for when the device is the host
@@ -254,12 +255,6 @@ class HardwareProfile:
         latency = self.inter_node_latency_s if across else self.intra_node_latency_s
         one = (world - 1) * latency + (world - 1) / world * nbytes / (gbps * GB)  # type: ignore[operator]
         return 2 * one if kind == "all_reduce" else one
-
-    def collective_compute_share(self) -> float | None:
-        """Of an intra-node collective left in flight on a device that is the host, the share of its time the
-        compute on the same cores pays (calibrated; None where not measured)."""
-        v = ((self.collectives or {}).get("intra") or {}).get("compute_share")
-        return None if v is None else float(v)
 
     def all_to_all_seconds(self, nbytes: float, group: int, ranks_per_node: int | None = None,
                            calls: int = 1) -> float:

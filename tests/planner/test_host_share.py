@@ -106,29 +106,6 @@ def test_a_cpu_rank_leaves_its_reduce_scatters_in_flight_until_backward_ends() -
     assert stages["reduce_scatter"] > stages["backward"] and span < stages["backward"] + stages["reduce_scatter"]
 
 
-def test_a_measured_collective_compute_share_lets_reductions_overlap_a_shared_core() -> None:
-    """A rank without a core to spare: its collectives serialize with the compute unless calibrate measured what
-    one in flight costs the compute beside it; then each adds that share of its time to the compute and the
-    rest overlaps. Share 1 prices like the serial model, a smaller share less, and the notes say which."""
-    opts = Options(bucket_size=1 << 18, precision="fp32", speculation=False)
-    w = Workload(SHAPE, 128, 2, False, chips=2, compute_threads=1, cores_per_rank=1)
-    ring = _ring(50e-6, 20.0)  # collectives shorter than the compute: what they cost it shows in the step
-    serial_hw = replace(_cpu(2), collectives={"intra": ring})
-    assert not host_share(w, serial_hw).own_core
-    steps = {}
-    for share in (None, 1.0, 0.3, 0.0):
-        hw = replace(serial_hw, collectives={"intra": {**ring, "compute_share": share}})
-        pred = predict("superoffload", w, hw, opts)
-        steps[share] = pred.step_time_s
-        note = next(n for n in pred.notes if "on the rank's compute core" in n)
-        assert ("calibrated" in note) == (share is not None), note
-        if share:
-            assert pred.stage_s["collective_interference"] == pytest.approx(
-                share * sum(pred.stage_s[k] for k in ("reduce_scatter", "all_gather", "all_reduce")), rel=1e-6)
-    assert steps[1.0] == pytest.approx(steps[None], rel=0.05)  # all of it on the compute: about the serial model
-    assert steps[None] > steps[0.3] > steps[0.0]
-
-
 def test_the_host_kernel_is_priced_as_the_engine_runs_it() -> None:
     cpu = get_profile("cpu")
     g = cpu.host_adam_gbps["grace"]
