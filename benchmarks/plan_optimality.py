@@ -14,6 +14,8 @@ one fresh process per run (``--nproc W`` above one rank):
 - ``planned``: the plan as it is;
 - ``bucket/4``, ``bucket/2``, ``bucket*2``, ``bucket*4``, ``one-bucket``: the plan with another bucket size;
 - ``speculation``: the plan with speculation flipped;
+- ``replicate``: above one rank, the plan with the optimizer state's replication flipped (sharded <-> replicated,
+  engine config ``replicate``);
 - ``cast``: grad_cast and param_cast on the other side (bf16 and fp16 only: fp32 casts nothing);
 - ``tail0``, ``tail*2``: no device tail, twice the planned one (only where the device is not the host);
 - with ``--peers``: the peer systems at their own defaults (``peer:NAME``), to compare the plan with.
@@ -57,7 +59,7 @@ from typing import Any
 GOAL = 0.95  # planned / best measured, at every point
 SCHEMA_KIND = "plan_optimality"
 BUCKET_GRID = {"bucket/4": 0.25, "bucket/2": 0.5, "bucket*2": 2.0, "bucket*4": 4.0}
-GRID = ("planned", *BUCKET_GRID, "one-bucket", "speculation", "cast", "tail0", "tail*2")
+GRID = ("planned", *BUCKET_GRID, "one-bucket", "speculation", "replicate", "cast", "tail0", "tail*2")
 DEFAULT_WORKLOADS = "gpt-tiny:128,gpt-tiny:256,gpt-small:128,gpt-small:256"
 
 
@@ -81,7 +83,8 @@ def point_id(model: str, seq: int, batch: int, world: int, dtype: str) -> str:
     return f"{model}:s{seq}:b{batch}:w{world}:{dtype}"
 
 
-def grid_for(plan: Any, n_params: int, dtype: str, device_is_host: bool, labels: list[str]) -> list[dict]:
+def grid_for(plan: Any, n_params: int, dtype: str, device_is_host: bool, labels: list[str],
+             world: int = 1) -> list[dict]:
     """The configurations of one point: a label and the engine options it sets over the plan."""
     out: list[dict] = []
     seen: set[str] = set()
@@ -98,6 +101,8 @@ def grid_for(plan: Any, n_params: int, dtype: str, device_is_host: bool, labels:
         add(label, {"bucket_size": max(1, min(n_params, int(plan.bucket_size * f)))})
     add("one-bucket", {"bucket_size": n_params})
     add("speculation", {"speculation": not plan.speculation})
+    if world > 1:
+        add("replicate", {"replicate": not plan.replicate})
     if dtype != "fp32":
         add("cast", {"cast_policy": "host" if plan.grad_cast == "device" else "device"})
     if not device_is_host:
@@ -163,7 +168,8 @@ def bench_command(point: dict, config: dict, args: argparse.Namespace, out: Path
 
 
 # what the benchmark's plan and a run's own plan must agree on for "planned" to be the plan that ran
-PLAN_KEYS = ("bucket_size", "device_tail_buckets", "speculation", "grad_cast", "host_optimizer", "rollback_mode")
+PLAN_KEYS = ("bucket_size", "device_tail_buckets", "speculation", "grad_cast", "host_optimizer", "rollback_mode",
+             "replicate")
 
 
 def run_one(point: dict, config: dict, args: argparse.Namespace) -> tuple[float | None, str | None]:
@@ -214,7 +220,7 @@ def build_points(args: argparse.Namespace) -> tuple[list[dict], Any]:
                 host = point_host(args, world)
                 plan = make_plan(shape, seq, batch, hw, activation_checkpointing=False, chips=world,
                                  precision=dtype, **host.plan_kwargs())  # as the run's plan_for makes it
-                configs = grid_for(plan, shape.total_params(), dtype, hw.device_is_host, labels)
+                configs = grid_for(plan, shape.total_params(), dtype, hw.device_is_host, labels, world)
                 for c in configs:
                     c["predicted_step_s"] = predicted_step(plan, shape, hw, dtype, c["options"])
                 configs += [{"label": f"peer:{s}", "options": {}, "predicted_step_s": None} for s in args.peers]
@@ -224,6 +230,7 @@ def build_points(args: argparse.Namespace) -> tuple[list[dict], Any]:
                     "plan": {"bucket_size": plan.bucket_size, "device_tail_buckets": plan.device_tail_buckets,
                              "speculation": plan.speculation, "cast": plan.grad_cast, "grad_cast": plan.grad_cast,
                              "host_optimizer": plan.host_optimizer, "rollback_mode": plan.rollback_mode,
+                             "replicate": plan.replicate,
                              "predicted_step_s": plan.predicted.step_time_s if plan.predicted else None,
                              **host.plan_kwargs()},
                     "configs": [{**c, "tokens_per_s": [], "errors": []} for c in configs],

@@ -62,6 +62,7 @@ ENGINE_DEFAULTS: dict[str, Any] = {
     "grad_accum": 1,
     "grad_clip": 0.0,  # global-norm threshold; 0 = off
     "upload_slots": 0,  # 0: an upload buffer per host bucket; k: a ring of k pinned slots
+    "replicate": False,  # several ranks: every rank keeps the whole optimizer state (all-reduce, no all-gather)
 }
 SHARED_KEYS: tuple[str, ...] = tuple(ENGINE_DEFAULTS)
 

@@ -124,7 +124,7 @@ class Bucket:
         self.layout = layout
         self.ctx = ctx
         dev = ctx.device
-        self.lo, self.hi = layout.shard(ctx.comm.rank, ctx.comm.world)
+        self.lo, self.hi = layout.shard(ctx.comm.shard_rank, ctx.comm.shards)
         self.home = home  # flat padded: the device weights, or a flowed bucket's host store (shard)
         self.host = host
         self.tail = tail
@@ -464,7 +464,7 @@ class Bucket:
             if src is not None and self.ring is not None:
                 dev.record(self.ring.free_event[self.ring_slot], stream, "publish: upload slot read")
             if not self.flowed:
-                with dev.access(reads=[self.home_shard()], writes=[self.home] if ctx.comm.active else []):
+                with dev.access(reads=[self.home_shard()], writes=[self.home] if ctx.comm.sharded else []):
                     self.gather = ctx.comm.all_gather(self.home, self.home_shard(), worker=True)
             dev.record(self.upload_event, stream, "publish: weights written")
         ctx.counters.add(bytes_h2d=nbytes, h2d_copies=int(nbytes > 0), upload_s=time.perf_counter() - t0)

@@ -77,7 +77,7 @@ class BufferBuilder:
 
     def _check_tail_budget(self, layouts: list[Any]) -> None:
         per_elem = 4 * (5 if self.config.optimizer.amsgrad else 4)  # fp32 master, m, v, (vmax), grad shard
-        tail = sum(lay.padded // self.comm.world * per_elem for lay in layouts if lay.on_device)
+        tail = sum(lay.padded // self.comm.shards * per_elem for lay in layouts if lay.on_device)
         if tail > self.device.hbm_budget_bytes:
             raise ConfigError(f"device_tail_buckets={self.config.device_tail_buckets} needs {tail} B of device "
                               f"memory for grads + Adam state, budget is {self.device.hbm_budget_bytes} B; "
@@ -97,7 +97,7 @@ class BufferBuilder:
         need["flow stores"] = sum(aligned_bytes(req) for req in {id(v[0]): v[0] for v in stores.values()}.values())
         host = [lay for lay in layouts if not lay.on_device]
         if self.config.upload_slots and host:
-            width = max(lay.padded // self.comm.world for lay in host)
+            width = max(lay.padded // self.comm.shards for lay in host)
             need["upload"] += self.config.upload_slots * aligned_bytes(ArenaRequest(width, self.upload_dtype))
         return need
 
@@ -167,10 +167,10 @@ class BufferBuilder:
         for lay in layouts:
             if lay.on_device:
                 continue
-            lo, hi = lay.shard(comm.rank, comm.world)
+            lo, hi = lay.shard(comm.shard_rank, comm.shards)
             n = hi - lo
             # with a shared memory device and one rank, the flatten writes the landing buffer directly
-            landing_n = lay.padded if dev.shares_host_memory and not comm.active else n
+            landing_n = lay.padded if dev.shares_host_memory and not comm.sharded else n
             reqs[id(lay)] = {
                 "state": [pageable.request(n, torch.float32) for _ in range(state)],
                 "spare": [pageable.request(n, torch.float32) for _ in range(state)] if full_copy else None,
@@ -184,7 +184,7 @@ class BufferBuilder:
         one rank a split parameter's stored weights are contiguous too."""
         out: StoreRequests = {}
         for chain in chains([lay for lay in layouts if lay.flow_block is not None]):
-            sizes = [lay.padded // self.comm.world for lay in chain]
+            sizes = [lay.padded // self.comm.shards for lay in chain]
             req = arena.request(sum(sizes), self.dtype)
             base = 0
             for lay, n in zip(chain, sizes, strict=True):
@@ -221,7 +221,7 @@ class BufferBuilder:
 
     def _make_bucket(self, lay: BucketLayout, req: dict[str, Any] | None, home: torch.Tensor) -> Bucket:
         dev, comm = self.device, self.comm
-        lo, hi = lay.shard(comm.rank, comm.world)
+        lo, hi = lay.shard(comm.shard_rank, comm.shards)
         n = hi - lo
         host = tail = None
         if req is None:  # a device tail bucket
@@ -260,15 +260,19 @@ class BufferBuilder:
         """The device slots the largest host bucket's flat gradient (and, with several ranks, its reduced
         shard) passes through on its way to the host; None when the device is the host and one rank."""
         dev, comm = self.device, self.comm
-        need = [b for b in buckets if b.host is not None or comm.active]
-        if not need or (dev.shares_host_memory and not comm.active):
+        # host buckets' gradients are flattened into their landing buffers directly where the device is the
+        # host and a bucket is not split across ranks (engine._grad_target); tail buckets on one rank, into
+        # their own gradient
+        direct = dev.shares_host_memory and not comm.sharded
+        need = [b for b in buckets if (b.host is not None and not direct) or (b.tail is not None and comm.active)]
+        if not need:
             return None
         numel = max(b.layout.padded for b in need)
         dtype = self.grad_dtype
         # several ranks: the reduce-scatter's output is a slot of its own, except where it can land in the
         # host buffer directly (a device that is the host) and tail buckets' fp32 gradients take it as is
-        return StagingRing(dev, self.config.staging_buffers, numel, numel // comm.world, dtype,
-                           separate_shard=comm.active and (not dev.shares_host_memory or dtype != torch.float32))
+        return StagingRing(dev, self.config.staging_buffers, numel, numel // comm.shards, dtype,
+                           separate_shard=comm.sharded and (not dev.shares_host_memory or dtype != torch.float32))
 
     def upload_ring(self, buckets: list[Bucket]) -> UploadRing | None:
         """With `upload_slots` = k > 0: k pinned slots of the largest host shard, in the dtype weights

@@ -10,6 +10,8 @@ parameters are packed into buckets, and:
 - resuming at another world size or with another bucket layout (another `bucket_size`) loads the list
   of every rank's dicts (or the one dict of a single-rank run) and each rank takes its new ranges from
   the assembled tensors (`load_checkpoint` chooses);
+- a replicated run's dict (engine config `replicate`: every rank holds the whole state) covers every
+  range, so it loads alone into an engine of any world size or layout;
 - `param_state(...)` assembles full per-parameter tensors from one or all ranks' dicts (tests, export).
 
 Version-2 dicts (one `range` per parameter) and version-1 dicts (whole parameters, written before
@@ -83,6 +85,8 @@ def engine_state_dict(eng: SuperOffloadEngine) -> dict[str, Any]:
         params[s.name] = entry
     sd: dict[str, Any] = {  # "world_size": the key every saved checkpoint holds
         "version": VERSION, "world_size": eng.comm.world, "rank": eng.comm.rank, "params": params,
+        # replicate: this rank's dict holds the whole state, so it loads alone at any world size or layout
+        "replicated": eng.comm.replicate and eng.comm.active,
         "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in eng.optimizer.param_groups],
         "loss_scale": eng.loss_scale.state_dict(), "global_step": eng.global_step, "micro": eng.micro,
         "window_micros": eng.window_micros,
@@ -178,7 +182,8 @@ def load_engine_state_dict(eng: SuperOffloadEngine, sd: dict[str, Any] | Sequenc
         if saved_shape != tuple(s.shape):
             raise ValueError(f"{s.name}: shape {saved_shape} in state_dict, {tuple(s.shape)} in the model")
     same_rank = len(sds) == 1 and sds[0]["world_size"] == eng.comm.world and sds[0]["rank"] == eng.comm.rank
-    if not same_rank and len(sds) == 1 and sds[0]["world_size"] != 1:
+    whole = len(sds) == 1 and (sds[0]["world_size"] == 1 or bool(sds[0].get("replicated")))
+    if not same_rank and not whole and len(sds) == 1:
         raise ValueError(f"this state_dict is rank {sds[0]['rank']} of {sds[0]['world_size']}; the engine is rank "
                          f"{eng.comm.rank} of {eng.comm.world}: pass the list of every rank's state_dicts to "
                          f"re-shard")
@@ -189,7 +194,7 @@ def load_engine_state_dict(eng: SuperOffloadEngine, sd: dict[str, Any] | Sequenc
     by_name = {s.name: s.index for s in eng.slots}
     prepare_layout(eng, sds[0])
     own = sds[0] if same_rank and own_ranges_match(eng, sds[0]) else None
-    if same_rank and own is None and sds[0]["world_size"] != 1:
+    if same_rank and own is None and not whole:
         raise ValueError("this rank's state_dict holds other element ranges than this engine's bucket layout "
                          "(another bucket_size or device_tail_buckets?): pass the list of every rank's "
                          "state_dicts to re-shard")
@@ -384,6 +389,8 @@ def _loads_alone(eng: SuperOffloadEngine, sd: dict[str, Any]) -> bool:
     """This rank's file is enough: saved at this world size with this engine's layout (else every rank's
     files are read and re-sharded)."""
     (d,) = _as_list(sd)
+    if d.get("replicated"):
+        return True  # the whole state
     if d.get("world_size") != eng.comm.world:
         return False
     eng.synchronize()

@@ -5,6 +5,11 @@ runs the same code path. With several: gradients are reduced with SUM (never a b
 rounding differs between backends; the engine applies the 1/world factor itself), the step's
 [Σ norm², non-finite count] pair is all-reduced in fp64, and updated weights are all-gathered.
 
+`replicate` (engine config `replicate`): every rank keeps the whole optimizer state. A bucket's
+gradient is then all-reduced instead of reduce-scattered, every rank steps all of it and nothing is
+all-gathered (torch DDP's exchange); the shard geometry (`shards`, `shard_rank`) is that of one rank
+while `world` and `rank` stay the group's (the 1/world mean, samplers, checkpoint names).
+
 Two process groups: `group` for what the training thread issues (reduce-scatters in bucket order, the
 per-step all-reduce, tail-bucket all-gathers) and `gather_group` for the all-gathers the host worker
 issues after each bucket's final step. Each group's sequence is fixed by the engine's bucket order and
@@ -56,11 +61,13 @@ class Comm:
     gather_group: Any = None
     rank: int = 0
     world: int = 1
+    replicate: bool = False
     log: dict[str, list[str]] = field(default_factory=lambda: {"main": [], "gather": []})
 
     @classmethod
-    def create(cls, group: Any = None) -> Comm:
-        """The default process group (or `group`) when torch.distributed is initialized, else one rank."""
+    def create(cls, group: Any = None, replicate: bool = False) -> Comm:
+        """The default process group (or `group`) when torch.distributed is initialized, else one rank.
+        `replicate`: every rank holds the whole optimizer state (no sharding)."""
         if dist is None or not dist.is_available() or not dist.is_initialized():
             if group is not None:
                 raise ValueError("a process group was passed but torch.distributed is not initialized")
@@ -68,20 +75,39 @@ class Comm:
         group = group or dist.group.WORLD
         world = dist.get_world_size(group)
         if world == 1:
-            return cls(group=group, rank=0, world=1)
+            return cls(group=group, rank=0, world=1, replicate=replicate)
         # a second group for the worker thread's all-gathers: two threads must not interleave their
         # collectives on one group (the order would differ between ranks)
         ranks = dist.get_process_group_ranks(group)
         gather = dist.new_group(ranks=ranks)
-        return cls(group=group, gather_group=gather, rank=dist.get_rank(group), world=world)
+        return cls(group=group, gather_group=gather, rank=dist.get_rank(group), world=world, replicate=replicate)
 
     @property
     def active(self) -> bool:
+        """Several ranks: collectives are real (gradients are reduced, decisions agreed)."""
         return self.world > 1
+
+    @property
+    def shards(self) -> int:
+        """How many parts each bucket's optimizer state is split into: the world, or 1 when replicated."""
+        return 1 if self.replicate else self.world
+
+    @property
+    def shard_rank(self) -> int:
+        """Which part of each bucket this rank owns (0 when replicated: the whole)."""
+        return 0 if self.replicate else self.rank
+
+    @property
+    def sharded(self) -> bool:
+        """Each rank owns only part of a bucket (so weights are all-gathered after its step)."""
+        return self.shards > 1
 
     # --- collectives -------------------------------------------------------------------------------
     def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor) -> Any:
-        """Async SUM reduce-scatter of `inp` (world * out.numel() elements) into `out`.
+        """Async SUM reduce-scatter of `inp` (shards * out.numel() elements) into `out`.
+
+        Replicated: the whole `inp` is all-reduced in place (`out`, when another tensor, receives it
+        when the work is waited for), logged as an all-reduce.
 
         Host tensors (gloo) on two ranks are all-reduced in place and this rank's slice copied out when
         the work is waited for: there gloo's reduce-scatter is slower than its all-reduce of the same
@@ -93,7 +119,12 @@ class Comm:
             if out.data_ptr() != inp.data_ptr():
                 out.copy_(inp)
             return None
-        self.log["main"].append(f"reduce_scatter {inp.numel()} {str(inp.dtype).removeprefix('torch.')}")
+        dtype = str(inp.dtype).removeprefix("torch.")
+        if self.replicate:
+            self.log["main"].append(f"all_reduce {inp.numel()} {dtype}")
+            work = dist.all_reduce(inp, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
+            return work if out.data_ptr() == inp.data_ptr() else _SliceOnWait(work, out, inp[: out.numel()])
+        self.log["main"].append(f"reduce_scatter {inp.numel()} {dtype}")
         if inp.device.type == "cpu" and self.world == 2:
             work = dist.all_reduce(inp, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
             n = out.numel()
@@ -113,8 +144,8 @@ class Comm:
 
     def all_gather(self, out: torch.Tensor, inp: torch.Tensor, worker: bool) -> Any:
         """Async all-gather of every rank's `inp` (a shard) into `out`; `worker`: issued by the host
-        worker thread (its own group)."""
-        if not self.active:
+        worker thread (its own group). Nothing to gather unless sharded (`inp` is all of `out`)."""
+        if not self.sharded:
             return None
         name, group = ("gather", self.gather_group) if worker else ("main", self.group)
         self.log[name].append(f"all_gather {out.numel()}")

@@ -87,6 +87,11 @@ class SuperOffloadConfig:
     """across ranks: "mean" sums the ranks' gradients and multiplies by 1/world (DDP's average, for
     a loss that is a mean over the rank's batch); "sum" only sums (for a loss already divided by the
     global token count, as sequence parallelism uses)"""
+    replicate: bool = False
+    """with several ranks, every rank keeps the whole optimizer state and steps every bucket: each
+    bucket's gradient is all-reduced and no weights are all-gathered (DDP's exchange, one collective per
+    bucket instead of two) for world x the host memory and host Adam work per rank. False shards both
+    over the ranks (ZeRO-style). Results are bit-identical either way; no effect on one rank"""
     speculation: bool = True
     """host steps run during backward, validated after (exact rollback)"""
     speculation_policy: SpeculationPolicy = field(default_factory=SpeculationPolicy)

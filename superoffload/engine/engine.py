@@ -49,11 +49,12 @@ from superoffload.engine.bucket import (
 from superoffload.engine.buffers import StagingRing, UploadRing
 from superoffload.engine.build import BufferBuilder
 from superoffload.engine.comm import Comm
-from superoffload.engine.config import SuperOffloadConfig
+from superoffload.engine.config import ConfigError, SuperOffloadConfig
 from superoffload.engine.deepspeed_names import DeepSpeedNames
 from superoffload.engine.hooks import EngineHook
 from superoffload.engine.layout import ParamPiece, ParamSlot, plan_buckets, runs
 from superoffload.engine.loss_scale import DynamicLossScale
+from superoffload.engine.norms import BucketNorms
 from superoffload.engine.optimizer import OffloadOptimizer
 from superoffload.engine.params import build_param_groups
 from superoffload.engine.plain_loop import PlainLoop
@@ -103,7 +104,7 @@ class SuperOffloadEngine(DeepSpeedNames):
         cfg = SuperOffloadConfig.from_any(config)
         self.config = cfg
         self.backend = get_device(cfg.device, cfg.hbm_budget_bytes)
-        self.comm = Comm.create(process_group)
+        self.comm = Comm.create(process_group, replicate=cfg.replicate)
         self.dtype = torch_dtype(cfg.precision)
         groups = self._collect_params(model, optimizer, param_groups)
         self.order = list(reversed(range(len(self.slots))))  # provisional: the usual arrival order
@@ -192,7 +193,7 @@ class SuperOffloadEngine(DeepSpeedNames):
         self._adopted: set[int] = set()  # parameters whose gradient a launch took and has not yet released
         self.ring: StagingRing | None = None
         self.upload_ring: UploadRing | None = None
-        self.norms: torch.Tensor | None = None
+        self.norms: BucketNorms | None = None
         self._upload_stage: torch.Tensor | None = None
         self._broken = ""
         self.ctx = BucketContext(
@@ -236,7 +237,7 @@ class SuperOffloadEngine(DeepSpeedNames):
         created.update({id(b.layout): b for b in new})
         self.buckets = [created[id(lay)] for lay in layouts]
         self.order, self.layout_measured = order, True
-        self.norms = self.backend.zeros(len(self.buckets), torch.float64, "staging")
+        self.norms = BucketNorms(self.backend, len(self.buckets), self.comm.world if self.comm.replicate else 1)
         self.ring = self.builder.staging_ring(self.buckets)
         self.upload_ring = self.builder.upload_ring(self.buckets)
         if self.dtype != torch.float32 and cfg.param_cast == "device" and not self.backend.shares_host_memory:
@@ -259,6 +260,10 @@ class SuperOffloadEngine(DeepSpeedNames):
             return
         cfg = SuperOffloadConfig.from_any({**self.config.to_dict(), **updates})
         self.comm.check_same("the engine config", {k: v for k, v in cfg.to_dict().items() if k != "host_threads"})
+        if cfg.replicate != self.comm.replicate and self._flow_buckets:
+            raise ConfigError("replicate cannot change after weight flow's buckets were built (at initialize): "
+                              "set it in the config passed to initialize")
+        self.comm.replicate = cfg.replicate
         self.config = self.builder.config = cfg
         self.ctx.host_optimizer, self.ctx.host_threads = cfg.host_optimizer, cfg.host_threads
         self.ctx.full_copy = cfg.rollback_mode == "full_copy"
@@ -635,8 +640,8 @@ class SuperOffloadEngine(DeepSpeedNames):
         comm, ring = self.comm, self.ring
         if b.tail is not None and not comm.active:
             return b.tail["grad"], b.tail["grad"], None
-        if b.host is not None and self.backend.shares_host_memory and not comm.active:
-            return b.host.landing, b.host.landing, None
+        if b.host is not None and self.backend.shares_host_memory and not comm.sharded:
+            return b.host.landing, b.host.landing, None  # one rank, or replicated: reduced in place
         assert ring is not None
         i = ring.acquire()
         flat = ring.flat[i][: b.layout.padded]
@@ -644,7 +649,7 @@ class SuperOffloadEngine(DeepSpeedNames):
             shard = b.tail["grad"]
         elif b.tail is None and self.backend.shares_host_memory:
             shard = b.host.landing
-        elif comm.active:  # a discrete device, or a tail bucket's low-precision reduction (cast after it)
+        elif comm.sharded:  # a discrete device, or a tail bucket's low-precision reduction (cast after it)
             shard = ring.shard[i][: b.shard_numel]
         else:
             shard = flat
@@ -742,7 +747,7 @@ class SuperOffloadEngine(DeepSpeedNames):
                 reduced = b.tail["grad"] if b.tail is not None else shard
                 reduced.add_(f.prev)
                 dev.hold_for(f.prev, (side,))  # freed when this returns: not reused before the add ran
-            dev.kernels.grad_norm_sq(reduced, self.norms[b.index: b.index + 1])
+            self.norms.compute(dev.kernels, b.index, b.layout, reduced)
             dev.record(b.flat_ready, side, "launch: gradient flattened")
         if b.host is not None:
             self._land(b, shard, f.slot)
@@ -775,7 +780,7 @@ class SuperOffloadEngine(DeepSpeedNames):
         h = b.host
         if h.landing is shard:
             with dev.stream(self.side_stream):
-                h.norm_host.copy_(self.norms[b.index: b.index + 1])
+                h.norm_host.copy_(self.norms.of_bucket(b.index))
                 dev.record(b.d2h_event, self.side_stream, "launch: gradient landed")
             if slot is not None:
                 dev.record(self.ring.free_event[slot], self.side_stream, "launch: staging slot read")
@@ -784,7 +789,7 @@ class SuperOffloadEngine(DeepSpeedNames):
         dev.wait_event(d2h, b.flat_ready, "launch: D2H waits for the flattened shard")
         with dev.stream(d2h):
             h.landing.copy_(shard, non_blocking=True)
-            h.norm_host.copy_(self.norms[b.index: b.index + 1], non_blocking=True)
+            h.norm_host.copy_(self.norms.of_bucket(b.index), non_blocking=True)
         if slot is not None:
             dev.record(self.ring.free_event[slot], d2h, "launch: staging slot read")
         dev.record(b.d2h_event, d2h, "launch: gradient landed")
@@ -804,11 +809,9 @@ class SuperOffloadEngine(DeepSpeedNames):
         dev = self.backend
         self._complete_launches()  # already done at the end of backward; a norm is never read half-reduced
         dev.wait_stream(dev.current_stream(), self.side_stream, "validate: compute waits for the bucket norms")
-        norms = self.norms
-        finite = torch.isfinite(norms)
-        stats = torch.stack([torch.where(finite, norms, torch.zeros_like(norms)).sum(),
-                             (~finite).sum().to(torch.float64)])
-        self.comm.all_reduce_sum(stats)
+        stats = self.norms.stats()
+        if self.comm.sharded:  # replicated, every rank summed every rank's part (norms.py): nothing to reduce
+            self.comm.all_reduce_sum(stats)
         with dev.allow_sync():
             total2, nonfinite = dev.to_host(stats).tolist()
         return total2, int(nonfinite)

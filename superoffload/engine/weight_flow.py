@@ -322,7 +322,7 @@ class WeightFlow:
             pending = []
         else:
             pending = [b for st in blk.stores for b in st.buckets if not b.uploaded.is_set()]
-        if pending and not demand and not self.comm.active:
+        if pending and not demand and not self.comm.sharded:
             return False
         for b in pending:
             self.worker.wait_event(b.uploaded)
@@ -381,7 +381,7 @@ class WeightFlow:
         dev.wait_event(dev.current_stream(), blk.event, "flow release: waits for the fetch copy")
         for st in blk.stores:
             for p, off, shape in st.params:
-                p.data = st.placeholder(p, off, shape, sharded=bool(st.buckets) and self.comm.active)
+                p.data = st.placeholder(p, off, shape, sharded=bool(st.buckets) and self.comm.sharded)
             dev.storage_free(st.device_flat, "flow", "flow release")
             st.device_flat.untyped_storage().resize_(0)
         blk.resident = False

@@ -28,8 +28,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # what the engine reads when it builds its buckets (at the first step): the plan may still set these
+# (replicate only without weight flow, whose buckets are built at construction)
 LAYOUT_KEYS = ("bucket_size", "device_tail_buckets", "speculation", "rollback_mode", "grad_cast", "param_cast",
-               "host_optimizer", "upload_slots")
+               "host_optimizer", "upload_slots", "replicate")
 
 
 def _input_shape(args: tuple, kwargs: dict) -> tuple[int, int] | None:
@@ -82,7 +83,8 @@ class LazyPlan:
         self._done = True
         if self._hook is not None:
             self._hook.remove()
-        chosen = {k: v for k, v in knobs.items() if k in LAYOUT_KEYS and k not in self.explicit}
+        chosen = {k: v for k, v in knobs.items() if k in LAYOUT_KEYS and k not in self.explicit
+                  and not (k == "replicate" and self.engine.flow is not None)}
         self.engine.reconfigure(chosen)
         self.notes.append("plan: the loaded state's bucket layout knobs: " + ", ".join(f"{k}={v}" for k, v in
                                                                                        chosen.items()))
@@ -103,6 +105,11 @@ class LazyPlan:
             return
         chosen = {k: v for k, v in self.plan.engine_options(precision=e.config.precision).items()
                   if k in LAYOUT_KEYS and k not in self.explicit}
+        if e.flow is not None and chosen.get("replicate", e.config.replicate) != e.config.replicate:
+            del chosen["replicate"]
+            self.notes.append(f"the plan sets replicate={self.plan.replicate}, but weight flow's buckets were built at "
+                              f"construction: pass replicate={self.plan.replicate} to superoffload.AdamW")
+            log.warning(self.notes[-1])
         e.reconfigure(chosen)
         given = sorted(k for k in LAYOUT_KEYS if k in self.explicit)
         self.notes.append(f"plan for {self.plan.model} (seq {self.plan.seq}, batch {self.plan.batch}, "

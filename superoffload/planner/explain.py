@@ -79,6 +79,11 @@ def format_plan(plan: Plan, shape: ModelShape) -> str:
         + ("an upload buffer per host bucket)" if not getattr(plan, "upload_slots", 0) else
            "a ring of pinned slots: the first buckets in forward order speculate, the others step at publish)"),
     ]
+    if chips > 1:
+        lines.append(f"  replicate            {str(getattr(plan, 'replicate', False)).lower()} ("
+                     + ("every rank holds and steps the whole optimizer state; gradients all-reduced, nothing "
+                        "all-gathered)" if getattr(plan, "replicate", False) else
+                        f"the optimizer state sharded over the {chips} ranks)"))
     if sp > 1 or plan.offload_checkpoints or plan.loss_tile is not None:
         lines += [
             "  long sequences (model side, superoffload.sequence):",

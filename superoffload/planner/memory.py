@@ -198,6 +198,7 @@ class EngineMemoryInput:
     grad_accum: int = ENGINE_DEFAULTS["grad_accum"]
     staging_buffers: int = MEMORY_DEFAULTS["staging_buffers"]
     upload_slots: int = ENGINE_DEFAULTS["upload_slots"]
+    replicate: bool = ENGINE_DEFAULTS["replicate"]
     # run facts
     world: int = 1
     device_is_host: bool = False
@@ -227,7 +228,7 @@ class _Packed:
     that pricing a tail of k buckets (the planner tries many) costs O(1), not a pass over thousands of
     buckets: `host(k)` sums the first k buckets (the host ones), the rest are the tail."""
 
-    def __init__(self, buckets: tuple[Any, ...], world: int) -> None:
+    def __init__(self, buckets: tuple[Any, ...], shards: int) -> None:
         self.count = len(buckets)
         self.total_padded = sum(b.padded for b in buckets)
         self.resident_padded = sum(b.padded for b in buckets if b.flow_block is None)
@@ -237,14 +238,15 @@ class _Packed:
                 blocks[b.flow_block] = blocks.get(b.flow_block, 0) + b.padded
         self.flow_block_padded = list(blocks.values())
         self.largest_padded = max((b.padded for b in buckets), default=0)
-        shards = [b.padded // world for b in buckets]
-        self.shard_prefix = _prefix(shards)
-        self.aligned_prefix = {w: _prefix([_aligned(n * w) for n in shards]) for w in (BF16, FP32)}
+        parts = [b.padded // shards for b in buckets]  # what one rank holds of each bucket
+        self.shard_prefix = _prefix(parts)
+        self.aligned_prefix = {w: _prefix([_aligned(n * w) for n in parts]) for w in (BF16, FP32)}
         self.padded_max = _prefix_max([b.padded for b in buckets])
-        self.shard_max = _prefix_max(shards)
+        self.padded_suffix_max = _prefix_max([b.padded for b in reversed(buckets)])[::-1]  # [k]: max over [k, count)
+        self.shard_max = _prefix_max(parts)
         # flowed chains (one host store each): (index of the chain's last bucket, its aligned bytes per byte width)
         pos = {id(b): i for i, b in enumerate(buckets)}
-        self.flow_chains = [(pos[id(c[-1])], sum(b.padded // world for b in c))
+        self.flow_chains = [(pos[id(c[-1])], sum(b.padded // shards for b in c))
                             for c in chains([b for b in buckets if b.flow_block is not None])]
 
 
@@ -264,8 +266,10 @@ def _prefix_max(xs: list[int]) -> list[int]:
 
 @functools.lru_cache(maxsize=64)
 def _packed(param_tensors: tuple[tuple[str, int], ...], bucket_size: int, world: int,
-            flow_layers: tuple[int, ...]) -> _Packed:
-    return _Packed(_engine_buckets(param_tensors, bucket_size, world, flow_layers), world)
+            flow_layers: tuple[int, ...], shards: int) -> _Packed:
+    """Buckets packed for `world` ranks (the geometry does not depend on replication), each rank holding
+    1/`shards` of each (`shards`: the world, or 1 when replicated)."""
+    return _Packed(_engine_buckets(param_tensors, bucket_size, world, flow_layers), shards)
 
 
 def _aligned_sum(pk: _Packed, width: int, k: int) -> int:
@@ -291,7 +295,8 @@ def engine_memory(shape: ModelShape, seq: int, batch: int, checkpointing: bool, 
     p = PRECISION_BYTES[m.precision]
     lowp = m.precision != "fp32"
     world = m.world
-    pk = _packed(tuple(shape.param_tensors()), m.bucket_size, world, tuple(m.flow_layers))
+    shards = 1 if m.replicate else world
+    pk = _packed(tuple(shape.param_tensors()), m.bucket_size, world, tuple(m.flow_layers), shards)
     k = tail_start(pk.count, m.device_tail_buckets)  # buckets [0, k) are host buckets, [k, count) the tail
     gbytes = p if (lowp and m.grad_cast == "host") else FP32  # flattened, reduced and moved in this
     ubytes = p if (lowp and m.param_cast == "host") else FP32
@@ -302,13 +307,18 @@ def engine_memory(shape: ModelShape, seq: int, batch: int, checkpointing: bool, 
         slots = min(m.flow_prefetch + 1, len(pk.flow_block_padded))
         dev["flow"] = p * slots * max(pk.flow_block_padded)
     dev["tail_state"] = (5 if m.amsgrad else 4) * FP32 * (pk.shard_prefix[-1] - pk.shard_prefix[k])
-    staging = NORM_BYTES * pk.count
-    ring = pk.count if world > 1 else k  # the buckets whose flat gradient passes the staging ring
-    if ring and (world > 1 or not m.device_is_host):
-        largest = pk.largest_padded if world > 1 else pk.padded_max[k]
+    # replicated, a bucket's norm is taken per rank's part (engine/norms.py)
+    staging = NORM_BYTES * pk.count * (world if m.replicate else 1)
+    # the buckets whose flat gradient passes the staging ring (engine/build.py staging_ring): host buckets
+    # unless the device is the host and a bucket is not split across ranks (flattened into its landing
+    # buffer); tail buckets with several ranks (reduced before their fp32 gradient takes them)
+    host_in_ring = k if not (m.device_is_host and shards == 1) else 0
+    tail_in_ring = pk.count - k if world > 1 else 0
+    if host_in_ring or tail_in_ring:
+        largest = max(pk.padded_max[k] if host_in_ring else 0, pk.padded_suffix_max[k] if tail_in_ring else 0)
         staging += m.staging_buffers * largest * gbytes
-        if world > 1 and (not m.device_is_host or gbytes != FP32):  # the reduce-scatter's output slots
-            staging += m.staging_buffers * (largest // world) * gbytes
+        if shards > 1 and (not m.device_is_host or gbytes != FP32):  # the reduce-scatter's output slots
+            staging += m.staging_buffers * (largest // shards) * gbytes
     if lowp and m.param_cast == "device" and not m.device_is_host and k:
         staging += FP32 * pk.shard_max[k]
     dev["staging"] = staging

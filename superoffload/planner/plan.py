@@ -8,7 +8,7 @@ values (``superoffload.options``); ``Plan.engine_options()`` is the dict the eng
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
@@ -55,6 +55,8 @@ UPLOAD_SLOTS = (4, 2, 8, 16)
 # validate-first instead of speculation (the paper's technique, the engine's default) only for a >= 1 %
 # faster predicted step: within the model's resolution the two are the same step
 SPECULATION_MIN_GAIN = 0.01
+# replicated optimizer state costs chips x the host memory and host Adam work per rank: only for a >= 2 % faster step
+REPLICATE_MIN_GAIN = 0.02
 UPLOAD_SLOTS_MIN_GAIN = 0.01  # a deeper ring (more pinned slots) only for a >= 1 % faster predicted step
 # GraceAdam (the paper's kernel, the engine's default, one fused pass) unless another kernel is >= 1 % cheaper
 # per parameter as the engine runs it: a calibration's kernel rates differ by about that between runs
@@ -73,7 +75,7 @@ class PlanInfeasible(ValueError):
 
 # The plan's fields that are engine config keys (all in superoffload.options.SHARED_KEYS)
 ENGINE_KEYS = ("bucket_size", "device_tail_buckets", "speculation", "rollback_mode", "grad_cast", "param_cast",
-               "host_optimizer", "flow_layers", "flow_prefetch", "grad_accum", "upload_slots")
+               "host_optimizer", "flow_layers", "flow_prefetch", "grad_accum", "upload_slots", "replicate")
 CAST_KEYS = ("grad_cast", "param_cast")
 
 
@@ -109,6 +111,7 @@ class Plan:
     # step, the runner-up and its predicted step (None where memory left no other), and why (``_alternative``)
     alternatives: dict[str, dict[str, Any]] = field(default_factory=dict)
     upload_slots: int = 0  # 0: an upload buffer per host bucket; k: a ring of k pinned slots
+    replicate: bool = False  # several chips: every rank keeps the whole optimizer state (chosen by _choose_replication)
     # the host the plan was made for (None: the profile's defaults; costmodel.host_share): cores per rank, the
     # compute threads (a device that is the host) and the host optimizer's threads
     cores_per_rank: float | None = None
@@ -288,7 +291,8 @@ def make_plan(shape: ModelShape, seq: int, batch: int, hardware: HardwareProfile
               grad_accum: int = 1, host_optimizer: str | None = None, chips: int = 1,
               ranks_per_node: int | None = None, sp: int | None = None, offload_checkpoints: bool | None = None,
               loss_tile: int | None = None, precision: Precision = "bf16", cores_per_rank: float | None = None,
-              compute_threads: int | None = None, host_threads: int | None = None) -> Plan:
+              compute_threads: int | None = None, host_threads: int | None = None,
+              replicate: bool | None = None) -> Plan:
     """Choose flow layers, bucket size, device tail, casting and rollback mode for one rank of ``chips``
     ranks: ``chips / sp`` data-parallel groups (each its own micro-batch ``batch``) of ``sp`` Ulysses
     sequence-parallel ranks; each host holds 1/chips of the state. ``precision``: the training precision
@@ -302,7 +306,18 @@ def make_plan(shape: ModelShape, seq: int, batch: int, hardware: HardwareProfile
     The host: ``cores_per_rank`` (a ``--bind-cores`` slice), ``compute_threads`` (a device that is the host:
     torch's threads) and ``host_threads`` (the engine's ``host_threads``), as the run sets them; None takes the
     profile's defaults (``costmodel.host_share``). They price host Adam at the threads the worker has and decide
-    whether its work overlaps the compute."""
+    whether its work overlaps the compute.
+
+    ``replicate``: with several chips, whether every rank keeps the whole optimizer state (engine config
+    ``replicate``); None plans both and keeps the faster (``_choose_replication``)."""
+    if replicate is None:
+        def again(rep: bool) -> Plan:
+            return make_plan(shape, seq, batch, hardware, activation_checkpointing=activation_checkpointing,
+                             hbm_budget=hbm_budget, grad_accum=grad_accum, host_optimizer=host_optimizer, chips=chips,
+                             ranks_per_node=ranks_per_node, sp=sp, offload_checkpoints=offload_checkpoints,
+                             loss_tile=loss_tile, precision=precision, cores_per_rank=cores_per_rank,
+                             compute_threads=compute_threads, host_threads=host_threads, replicate=rep)
+        return _choose_replication(again, chips)
     _check_workload(seq, batch, grad_accum, chips, sp, loss_tile)
     hw = hardware
     named, shape = shape, positions_for(shape, seq)
@@ -325,7 +340,8 @@ def make_plan(shape: ModelShape, seq: int, batch: int, hardware: HardwareProfile
     # 2. host memory and rollback mode
     if precision not in PRECISION_BYTES:
         raise ValueError(f"precision must be one of {', '.join(PRECISION_BYTES)}, got {precision!r}")
-    opts = Options(bucket_size=bucket, host_optimizer=kind, grad_accum=grad_accum, precision=precision)
+    opts = Options(bucket_size=bucket, host_optimizer=kind, grad_accum=grad_accum, precision=precision,
+                   replicate=replicate and chips > 1)
     fit = _fit_host_memory(w, hw, opts, reasons)
     rollback = "deferred"
     opts = replace(opts, rollback_mode=rollback)
@@ -425,7 +441,7 @@ def make_plan(shape: ModelShape, seq: int, batch: int, hardware: HardwareProfile
                 activation_checkpointing=activation_checkpointing, bucket_size=bucket,
                 device_tail_buckets=tail, grad_cast=cast, param_cast=cast, flow_layers=list(flow),
                 host_optimizer=kind, rollback_mode=rollback, speculation=speculation, hbm_budget_bytes=budget,
-                upload_slots=slots,
+                upload_slots=slots, replicate=opts.replicate,
                 grad_accum=grad_accum, flow_prefetch=opts.flow_prefetch, predicted=pred, reasons=reasons,
                 chips=chips, ranks_per_node=ranks_per_node, sp=w.sp, offload_checkpoints=w.offload_checkpoints,
                 loss_tile=w.loss_tile, precision=precision, alternatives=alts, cores_per_rank=cores_per_rank,
@@ -435,6 +451,39 @@ def make_plan(shape: ModelShape, seq: int, batch: int, hardware: HardwareProfile
     reasons.extend(f"Off: {o['technique']}: {o['reason']}. To turn it on: {o['force']}."
                    for key, o in plan.off.items() if key != "speculation")  # speculation's own line says it
     return plan
+
+
+def _choose_replication(plan_with: Callable[[bool], Plan], chips: int) -> Plan:
+    """With several chips: the plan with the optimizer state sharded over the ranks and the one with every
+    rank holding all of it (each bucket all-reduced and stepped whole, no weight all-gather), each planned
+    through (bucket, tail, casts and speculation chosen for it); the replicated one only where it fits and
+    is >= REPLICATE_MIN_GAIN faster, for it costs chips x the host memory and host Adam work per rank."""
+    sharded = plan_with(False)
+    if chips == 1:
+        return sharded
+    try:
+        rep = plan_with(True)
+    except PlanInfeasible as e:
+        why = (f"replicated does not fit in {e.memory} memory ({_gb(e.need_bytes)} needed, "
+               f"{_gb(e.available_bytes)} usable)")
+        sharded.alternatives["replicate"] = _alternative(False, sharded.predicted, True, None, why)
+        sharded.reasons.insert(-1, f"Optimizer state: sharded over the {chips} ranks; {why}.")
+        return sharded
+    s, r = sharded.predicted.step_time_s, rep.predicted.step_time_s
+    take = r <= s * (1 - REPLICATE_MIN_GAIN)
+    chosen, other = (rep, sharded) if take else (sharded, rep)
+    why = (f"replicated is >= {REPLICATE_MIN_GAIN:.0%} faster: one all-reduce per bucket and no all-gather cost less "
+           f"than stepping 1/{chips} of the state saves" if take else
+           f"sharded holds 1/{chips} of the host state and Adam work per rank; replicated (one all-reduce per bucket, "
+           f"no all-gather) is not >= {REPLICATE_MIN_GAIN:.0%} faster")
+    chosen.alternatives["replicate"] = _alternative(chosen.replicate, chosen.predicted, other.replicate,
+                                                    other.predicted, why)
+    chosen.reasons.insert(-1, f"Optimizer state: {'replicated on every rank' if take else 'sharded over the ranks'}: "
+                              f"{why} (predicted step {_ms(chosen.predicted.step_time_s)} vs "
+                              f"{_ms(other.predicted.step_time_s)} {'sharded' if take else 'replicated'}, same bits at "
+                              f"two ranks). To force it: `-o replicate={str(not take).lower()}` (bench run), "
+                              f"`replicate: {str(not take).lower()}` (engine config).")
+    return chosen
 
 
 def _ms(s: float | None) -> str:

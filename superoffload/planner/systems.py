@@ -81,6 +81,8 @@ class Options:
     # 0: an upload buffer per host bucket (model-sized pinned memory); k: a ring of k slots, the first k
     # buckets in forward order speculate into theirs, the others step at publish (engine config upload_slots)
     upload_slots: int = 0
+    # several ranks: every rank keeps the whole optimizer state, gradients all-reduced, no weight all-gather
+    replicate: bool = False
     ds_ratio: float = ARTIFACT_PRISM_RATIO
     ds_bucket_size: int = ARTIFACT_PRISM_BUCKET
     zero_bucket_size: int = DEEPSPEED_REDUCE_BUCKET
@@ -189,6 +191,8 @@ def _data_parallel(spec: SystemSpec, opts: Options, world: int) -> None:
     - fsdp_offload (FSDP2 + CPUOffloadPolicy): per layer the shard is copied H2D and all-gathered in the
       param dtype for forward and for backward; gradients reduce-scattered in fp32 (reduce_dtype), the
       shard copied D2H; torch AdamW on the shard.
+    - superoffload with ``replicate``: each bucket's flat gradient all-reduced in its dtype, every rank
+      moves, steps and returns the whole bucket; no all-gather and no norm all-reduce (engine/norms.py).
     - torch (DistributedDataParallel): fp32 gradients all-reduced per 25 MiB bucket during backward;
       every rank keeps and steps the whole model.
     """
@@ -208,6 +212,10 @@ def _data_parallel(spec: SystemSpec, opts: Options, world: int) -> None:
         spec.bucket_size = DDP_BUCKET_BYTES // 4
         spec.device_tail_buckets = 1 << 30  # every bucket steps on the device
         spec.step_allreduce = False  # the averaged gradients are identical: clipping is local
+        return
+    if spec.name == "superoffload" and opts.replicate:
+        spec.grad_reduce, spec.grad_reduce_bytes = "all_reduce", spec.grad_d2h_bytes
+        spec.step_allreduce = False
         return
     spec.shard_optimizer = True
     spec.grad_reduce = "reduce_scatter"

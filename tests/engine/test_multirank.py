@@ -17,6 +17,7 @@ W=2 runs in CI; W=4 is marked slow.
 
 from __future__ import annotations
 
+import math
 import shutil
 from pathlib import Path
 
@@ -65,6 +66,42 @@ def test_speculation_equals_validate_first_at_w2(tmp_path, args):
         dtype = "float16" if "fp16" in args else "bfloat16"
     reduces = [e for log in spec[0]["logs"] for e in log["main"] if e.startswith("reduce_scatter")]
     assert reduces and all(e.endswith(" " + dtype) for e in reduces), reduces[:3]
+
+
+@pytest.mark.parametrize("args", [
+    pytest.param((), id="host-bf16-tail"),
+    pytest.param(("--device", "sim", "--grad-cast", "host"), id="sim-reduce-bf16"),
+    pytest.param(("--grad-cast", "host", "--flow", "1,2", "--tail", "0"), id="host-reduce-bf16-flow"),
+])
+def test_replicated_equals_sharded_bit_for_bit(tmp_path, args):
+    """replicate: every rank all-reduces each bucket and steps it whole, nothing is all-gathered, no norm
+    all-reduce. At two ranks the weights after every step, the optimizer state, the losses, the gradient
+    norms (clipping fires at two steps) and the NaN step skipped on every rank are the sharded run's bit for
+    bit; each rank's state_dict holds the whole state and loads alone into a sharded engine. (Flowed weights
+    outside their use are a view of the host store when replicated, empty when sharded: their digests differ,
+    so there the masters and the losses are compared.)"""
+    res, _, _ = run_ranks(2, "replicate", tmp_path, args=args)
+    sharded, replicated = [r["sharded"] for r in res], [r["replicated"] for r in res]
+    assert replicated[0]["digests"] == replicated[1]["digests"], "ranks hold different parameters"
+    for s, p in zip(sharded, replicated, strict=True):
+        assert p["losses"] == s["losses"]
+        assert p["digests"] == s["digests"] or "--flow" in args
+        assert p["norms"] == s["norms"] or all(math.isnan(a) == math.isnan(b) and (a == b or math.isnan(a))
+                                               for a, b in zip(p["norms"], s["norms"], strict=True))
+        assert p["stats"] == s["stats"] and s["stats"]["skipped"] == 1 and s["stats"]["rolled_back"] == 3
+    steps = [e for log in replicated[0]["logs"] for e in log["main"]]
+    assert steps and all(e.startswith("all_reduce ") and len(e.split()) == 3 for e in steps), steps[:5]
+    assert not any(log["gather"] for log in replicated[0]["logs"])
+    assert any(log["gather"] for log in sharded[0]["logs"])
+    whole = param_state([replicated[0]["state_dict"]])  # one rank's dict covers every element
+    ref = param_state([r["state_dict"] for r in sharded])
+    for n in ref:
+        for k in ("master", "exp_avg", "exp_avg_sq"):
+            assert torch.equal(whole[n][k], ref[n][k]), f"{n}.{k}"
+    assert replicated[0]["state_dict"]["replicated"] and not sharded[0]["state_dict"]["replicated"]
+    loaded = param_state([r["loaded"] for r in res])
+    for n in ref:
+        assert torch.equal(loaded[n]["exp_avg_sq"], ref[n]["exp_avg_sq"]), n
 
 
 @pytest.mark.parametrize("world", [2, 3])

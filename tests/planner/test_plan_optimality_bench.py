@@ -94,7 +94,11 @@ def test_grid_and_rank_correlation() -> None:
     assert all(b <= n for b in sizes) and plan.bucket_size not in sizes and len(set(sizes)) == len(sizes)
     # fp32 casts nothing and a host device has no tail: those configurations are not run
     host = [g["label"] for g in mod.grid_for(plan, n, "fp32", True, list(mod.GRID))]
-    assert "cast" not in host and "tail0" not in host and "tail*2" not in host
+    assert "cast" not in host and "tail0" not in host and "tail*2" not in host and "replicate" not in host
+    # above one rank: the optimizer state's replication flipped
+    two = make_plan(shape, 64, 2, get_profile("cpu"), activation_checkpointing=False, chips=2, precision="fp32")
+    flip = [g for g in mod.grid_for(two, n, "fp32", True, list(mod.GRID), world=2) if g["label"] == "replicate"]
+    assert [g["options"] for g in flip] == [{"replicate": not two.replicate}]
     assert mod.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
     assert mod.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1.0)
     assert mod.spearman([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(0.9486832980505138)  # ties: mean ranks

@@ -179,3 +179,45 @@ def test_paper_multi_chip_rows() -> None:
     sizes = [largest_model("superoffload", GH, c)[1] for c in (1, 4, 16)]
     assert sizes[0] < sizes[1] <= sizes[2]
     assert {r["chips"] for r in rows if r["figure"] == "fig13"} == {4, 16}
+
+
+def test_replicated_superoffload_all_reduces_and_gathers_nothing() -> None:
+    """replicate: one all-reduce of each bucket's gradient (its dtype) and no weight all-gather nor norm
+    all-reduce; every rank holds and steps the whole state, as on one chip."""
+    opts = Options(device_tail_buckets=0, bucket_size=1 << 24)
+    rep = dataclasses.replace(opts, replicate=True)
+    spec = system_spec("superoffload", rep, 10**9, world=4)
+    assert (spec.grad_reduce, spec.grad_reduce_bytes, spec.param_gather_bytes) == ("all_reduce", 4, 0)
+    assert not spec.shard_optimizer and not spec.step_allreduce
+    p, one = _stages("superoffload", 4, rep), _stages("superoffload", 1, opts)
+    assert p.stage_s["all_reduce"] > 0 and "all_gather" not in p.stage_s and "reduce_scatter" not in p.stage_s
+    assert p.stage_s["host_adam"] == pytest.approx(one.stage_s["host_adam"])
+    sharded = _stages("superoffload", 4, opts)
+    assert p.memory["host"]["master_m_v"] == pytest.approx(4 * sharded.memory["host"]["master_m_v"], rel=1e-3)
+    assert p.memory["host"]["master_m_v"] == pytest.approx(one.memory["host"]["master_m_v"], rel=1e-3)
+
+
+def test_the_plan_prices_sharded_against_replicated() -> None:
+    """With several chips the planner plans both and says which it kept and the runner-up's step: on a
+    GH200 a 13B model shards (replicated, each Grace would step the whole model); on this CPU preset at two
+    ranks, where the collectives are the cost and Adam is cheap, gpt-small replicates; replicated that does
+    not fit host memory is not taken; one chip has no such choice."""
+    big = make_plan(get_shape("gpt-13b"), 1024, 4, GH, chips=4)
+    alt = big.alternatives["replicate"]
+    assert not big.replicate and alt["runner_up"] is True and alt["runner_up_step_s"] > alt["step_s"]
+    assert big.engine_options()["replicate"] is False
+    cpu = get_profile("cpu")
+    small = make_plan(get_shape("gpt-small"), 128, 2, cpu, chips=2, precision="fp32")
+    alt = small.alternatives["replicate"]
+    assert small.replicate and alt["runner_up"] is False and alt["step_s"] <= alt["runner_up_step_s"] * 0.98
+    assert small.engine_options("fp32")["replicate"] is True
+    assert any(r.startswith("Optimizer state: replicated on every rank") for r in small.reasons)
+    # host memory between what sharded and replicated need (on this preset the device's memory is the host's)
+    s, r = (make_plan(get_shape("gpt-small"), 128, 2, cpu, chips=2, precision="fp32", replicate=rep).predicted
+            for rep in (False, True))
+    assert r.host_bytes > s.host_bytes
+    device = sum(s.memory["device"].values())
+    tight = dataclasses.replace(cpu, host_memory_bytes=int(device + (s.host_bytes + r.host_bytes) / 2))
+    forced = make_plan(get_shape("gpt-small"), 128, 2, tight, chips=2, precision="fp32")
+    assert not forced.replicate and "does not fit" in forced.alternatives["replicate"]["why"]
+    assert "replicate" not in make_plan(get_shape("gpt-small"), 128, 2, cpu, precision="fp32").alternatives

@@ -71,7 +71,7 @@ def train(engine, state, rank: int, world: int, steps: int, start: int = 0, clip
     """`clip(step)`: that step's grad_clip (default: CLIP_STEPS fire, others 1e3, which never clips)."""
     clip = clip or (lambda i: CLIP_STEPS.get(i, 1e3))
     accum = engine.config.grad_accum
-    losses, digests, logs = [], [], []
+    losses, digests, logs, norms = [], [], [], []
     for i in range(start, steps):
         state["step"] = i
         engine.config.grad_clip = clip(i)
@@ -85,8 +85,9 @@ def train(engine, state, rank: int, world: int, steps: int, start: int = 0, clip
         engine.step()
         engine.synchronize()
         digests.append(digest(engine.model))
+        norms.append(engine.last_grad_norm)
         logs.append({k: v[n0[k]:] for k, v in engine.comm.log.items()})
-    return {"losses": losses, "digests": digests, "logs": logs}
+    return {"losses": losses, "digests": digests, "logs": logs, "norms": norms}
 
 
 def scenario_exact(a, rank: int, world: int) -> dict:
@@ -102,6 +103,27 @@ def scenario_exact(a, rank: int, world: int) -> dict:
         res["world"] = engine.comm.world
         out[name] = res
         engine.close()
+    return out
+
+
+def scenario_replicate(a, rank: int, world: int) -> dict:
+    """The `exact` run (speculating, clipping on chosen steps, a NaN on one rank) sharded and replicated;
+    then the replicated run's own state_dict loaded alone into a fresh sharded engine."""
+    base = {"optimizer": OPT, "precision": a.precision, "bucket_size": 40_000, "device_tail_buckets": a.tail,
+            "device": a.device, "grad_cast": a.grad_cast, "speculation_policy": {"max_rollback_rate": 1.0},
+            "flow_layers": [int(x) for x in a.flow.split(",")] if a.flow else []}
+    out = {}
+    for name, replicate in (("sharded", False), ("replicated", True)):
+        engine, state = make_engine({**base, "replicate": replicate}, rank, nan_step=4, groups=False)
+        res = train(engine, state, rank, world, a.steps)
+        res["state_dict"] = engine.state_dict()
+        res["stats"] = {k: v for k, v in engine.stats["speculation"].items() if k != "rollback_time_s"}
+        out[name] = res
+        engine.close()
+    fresh, _ = make_engine(base, rank, nan_step=None, groups=False)
+    fresh.load_state_dict(out["replicated"]["state_dict"])
+    out["loaded"] = fresh.state_dict()
+    fresh.close()
     return out
 
 
@@ -286,7 +308,8 @@ def scenario_sp(a, rank: int, world: int) -> dict:
                                         if k != "rollback_time_s"}, "digest": digest(engine.model)}
 
 
-SCENARIOS = {"exact": scenario_exact, "in_flight": scenario_in_flight, "comm": scenario_comm, "sp": scenario_sp,
+SCENARIOS = {"exact": scenario_exact, "replicate": scenario_replicate,
+             "in_flight": scenario_in_flight, "comm": scenario_comm, "sp": scenario_sp,
              "torch_ref": scenario_torch_ref, "save": scenario_save, "resume": scenario_resume,
              "raise": scenario_raise, "mixed": scenario_mixed}
 
