@@ -4,6 +4,8 @@ Scenarios (each writes `rank{r}.pt` with what the test compares):
 - exact: speculation on and off at the same world size, under clipping on chosen steps, a NaN injected on
   one rank only, optional gradient accumulation and two param groups: the per-step parameter digests, the
   state_dicts, the losses, the collective log of each run;
+- replicate: the `exact` run sharded and with `replicate`, and the replicated state_dict loaded alone into a
+  fresh sharded engine;
 - torch_ref: fp32 training of a shard of a global batch, the losses (the test compares their mean with
   single-process torch AdamW + clip_grad_norm_ on the whole batch);
 - save / resume: train, save a checkpoint; resume (possibly at another world size) and continue;
