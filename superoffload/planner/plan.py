@@ -456,8 +456,10 @@ def make_plan(shape: ModelShape, seq: int, batch: int, hardware: HardwareProfile
 def _choose_replication(plan_with: Callable[[bool], Plan], chips: int) -> Plan:
     """With several chips: the plan with the optimizer state sharded over the ranks and the one with every
     rank holding all of it (each bucket all-reduced and stepped whole, no weight all-gather), each planned
-    through (bucket, tail, casts and speculation chosen for it); the replicated one only where it fits and
-    is >= REPLICATE_MIN_GAIN faster, for it costs chips x the host memory and host Adam work per rank."""
+    through (bucket, tail, casts, speculation and long-sequence pieces chosen for it); the replicated one only
+    where it fits and is >= REPLICATE_MIN_GAIN faster, for it costs chips x the host memory and host Adam work
+    per rank. Faster in tokens/s per chip, not step time: the two may choose different SP degrees, and so train
+    different numbers of tokens per step."""
     sharded = plan_with(False)
     if chips == 1:
         return sharded
@@ -469,8 +471,8 @@ def _choose_replication(plan_with: Callable[[bool], Plan], chips: int) -> Plan:
         sharded.alternatives["replicate"] = _alternative(False, sharded.predicted, True, None, why)
         sharded.reasons.insert(-1, f"Optimizer state: sharded over the {chips} ranks; {why}.")
         return sharded
-    s, r = sharded.predicted.step_time_s, rep.predicted.step_time_s
-    take = r <= s * (1 - REPLICATE_MIN_GAIN)
+    s, r = sharded.predicted.tokens_per_s, rep.predicted.tokens_per_s
+    take = s <= r * (1 - REPLICATE_MIN_GAIN)
     chosen, other = (rep, sharded) if take else (sharded, rep)
     why = (f"replicated is >= {REPLICATE_MIN_GAIN:.0%} faster: one all-reduce per bucket and no all-gather cost less "
            f"than stepping 1/{chips} of the state saves" if take else
@@ -478,10 +480,11 @@ def _choose_replication(plan_with: Callable[[bool], Plan], chips: int) -> Plan:
            f"no all-gather) is not >= {REPLICATE_MIN_GAIN:.0%} faster")
     chosen.alternatives["replicate"] = _alternative(chosen.replicate, chosen.predicted, other.replicate,
                                                     other.predicted, why)
+    sp = f", which plans sp={other.sp}" if other.sp != chosen.sp else ""
     chosen.reasons.insert(-1, f"Optimizer state: {'replicated on every rank' if take else 'sharded over the ranks'}: "
-                              f"{why} (predicted step {_ms(chosen.predicted.step_time_s)} vs "
-                              f"{_ms(other.predicted.step_time_s)} {'sharded' if take else 'replicated'}, same bits at "
-                              f"two ranks). To force it: `-o replicate={str(not take).lower()}` (bench run), "
+                              f"{why} (predicted {chosen.predicted.tokens_per_s:,.0f} tokens/s per chip vs "
+                              f"{other.predicted.tokens_per_s:,.0f} {'sharded' if take else 'replicated'}{sp}; same "
+                              f"bits at two ranks). To force it: `-o replicate={str(not take).lower()}` (bench run), "
                               f"`replicate: {str(not take).lower()}` (engine config).")
     return chosen
 

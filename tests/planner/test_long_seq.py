@@ -266,6 +266,10 @@ def test_one_million_tokens_on_eight_chips(plan_1m: Plan) -> None:
     held whole tensors; sp=4 did not fit then)."""
     p = plan_1m
     assert (p.sp, p.offload_checkpoints) == (4, True) and p.loss_tile and p.loss_tile < M1 // p.sp
+    # replicated state would plan sp=8 (its checkpoints no longer fit the host at 4): half the step, half the
+    # tokens; priced per token it is slower, so the optimizer state stays sharded
+    assert not p.replicate and p.alternatives["replicate"]["runner_up"] is True
+    assert any(r.startswith("Optimizer state: sharded") and "which plans sp=8" in r for r in p.reasons)
     pred = p.predicted
     assert pred.fits and pred.peak_hbm_bytes <= p.hbm_budget_bytes
     assert pred.memory["host"]["activation_checkpoints"] == checkpoint_host_bytes(positions_for(G13, M1), M1, 1, sp=4)
