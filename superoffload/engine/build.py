@@ -257,8 +257,9 @@ class BufferBuilder:
 
     # --- rings ---------------------------------------------------------------------------------------
     def staging_ring(self, buckets: list[Bucket]) -> StagingRing | None:
-        """The device slots the largest host bucket's flat gradient (and, with several ranks, its reduced
-        shard) passes through on its way to the host; None when the device is the host and one rank."""
+        """The device slots the largest host bucket's flat gradient (and, sharded over several ranks, its
+        reduced shard) passes through on its way to the host; None when the device is the host, buckets are
+        not sharded (one rank, or `replicate`) and no tail bucket is reduced across ranks."""
         dev, comm = self.device, self.comm
         # host buckets' gradients are flattened into their landing buffers directly where the device is the
         # host and a bucket is not split across ranks (engine._grad_target); tail buckets on one rank, into

@@ -260,7 +260,7 @@ class SuperOffloadEngine(DeepSpeedNames):
             return
         cfg = SuperOffloadConfig.from_any({**self.config.to_dict(), **updates})
         self.comm.check_same("the engine config", {k: v for k, v in cfg.to_dict().items() if k != "host_threads"})
-        if cfg.replicate != self.comm.replicate and self._flow_buckets:
+        if cfg.replicate != self.comm.replicate and self._flow_buckets and self.comm.active:
             raise ConfigError("replicate cannot change after weight flow's buckets were built (at initialize): "
                               "set it in the config passed to initialize")
         self.comm.replicate = cfg.replicate

@@ -126,6 +126,14 @@ def scenario_replicate(a, rank: int, world: int) -> dict:
     fresh.load_state_dict(out["replicated"]["state_dict"])
     out["loaded"] = fresh.state_dict()
     fresh.close()
+    # weight flow's buckets are built at initialize, sharded: replicate cannot change after that
+    flowed, _ = make_engine({**base, "flow_layers": [1], "device_tail_buckets": 0}, rank, nan_step=None, groups=False)
+    try:
+        flowed.reconfigure({"replicate": True})
+        out["reconfigure_error"] = None
+    except superoffload.ConfigError as e:
+        out["reconfigure_error"] = str(e)
+    flowed.close()
     return out
 
 
