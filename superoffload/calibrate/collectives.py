@@ -7,7 +7,12 @@ bf16 for the training precision's reductions: `dtypes`), a reduce-scatter, an al
 last rank does). It also times the same small all-gather issued from a
 second thread on a group of its own, the way the engine's host worker issues the weights' all-gathers: the
 difference is the cost of issuing from the worker (`worker_issue_s`). On CPUs (gloo) it measures what an
-all-reduce left in flight costs the compute beside it on the same cores (`compute_share`, `_compute_share`).
+all-reduce left in flight costs the compute beside it on the same cores (`compute_share`, `_compute_share`),
+and what one more call costs beyond the bytes it moves when a rank computes beside it (`call_overhead`,
+`_call_overhead`): the cost of cutting a gradient into more buckets.
+Each rank is bound to its slice of this host's cores, the slice `bench run --bind-cores` gives it (harness/
+placement.py): a rank of a run computes on its cores, so its collectives' threads find no idle core to borrow
+(`cores_per_rank`; unbound when the host has fewer cores than ranks, or with `--unbound`).
 The profile keeps, for the "intra"
 link class (ranks of one node), the measured curve per kind and its fit (latency per ring step, bandwidth
 per rank: planner/hardware.py `fit_collective`); the cost model then uses them instead of the preset's
@@ -30,6 +35,7 @@ import datetime
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -53,8 +59,10 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def measure(world: int = 2, quick: bool = False, repeats: int | None = None, timeout_s: float = 300.0) -> dict:
-    """The "intra" measurement for `world` ranks of this host (see the module docstring)."""
+def measure(world: int = 2, quick: bool = False, repeats: int | None = None, timeout_s: float = 300.0,
+            bind: bool = True) -> dict:
+    """The "intra" measurement for `world` ranks of this host (see the module docstring); `bind`: each rank on its
+    slice of the cores."""
     if world < 2:
         raise ValueError(f"--collectives needs at least 2 ranks, got {world}")
     cuda = torch.cuda.is_available() and torch.cuda.device_count() >= world
@@ -68,7 +76,8 @@ def measure(world: int = 2, quick: bool = False, repeats: int | None = None, tim
         env["OMP_NUM_THREADS"] = "1"
         procs = [subprocess.Popen([sys.executable, "-m", "superoffload.calibrate.collectives", "--rank", str(r),
                                    "--world", str(world), "--port", str(port), "--backend", backend, "--out",
-                                   str(out), "--repeats", str(repeats), "--sizes", ",".join(map(str, sizes))],
+                                   str(out), "--repeats", str(repeats), "--sizes", ",".join(map(str, sizes))]
+                                  + ([] if bind else ["--unbound"]) + (["--quick"] if quick else []),
                                   env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
                  for r in range(world)]
         deadline = time.monotonic() + timeout_s
@@ -156,6 +165,72 @@ def _compute_share(repeats: int) -> float:
     return sorted(shares)[len(shares) // 2]
 
 
+CALL_COUNTS, QUICK_CALL_COUNTS = (2, 4, 8, 16, 32), (2, 8, 32)
+CALL_TOTAL_BYTES, QUICK_CALL_TOTAL_BYTES = 32 << 20, 8 << 20  # a backward's gradient, cut into that many calls
+CALL_COMPUTE_CHUNKS = 32  # backward's compute between the launches: a call after every 32 / K chunks
+
+
+def _call_overhead(repeats: int, quick: bool) -> dict[str, Any]:
+    """What one more all-reduce costs a rank that computes beside it, beyond its bytes: a gradient's worth of
+    bytes (`total_bytes`, fp32, distinct buffers) all-reduced as K calls issued between chunks of compute, the
+    way backward launches its buckets, then waited for, against the compute alone. `seconds[i]`: that time for
+    `counts[i]` calls, the slowest rank's, the median of 2 x `repeats` - 1 (the counts interleaved in each);
+    `slope_s`: its least-squares slope in K, seconds per call. The curve's own per-call cost (`_write_result`
+    takes off what K calls of total/K bytes cost on the measured all-reduce curve) leaves `per_call_s`: what the
+    cost model adds per collective a rank issues beside its compute (docs/cost_model.md, "Collectives")."""
+    from superoffload.calibrate.compute import mlp_step_timer
+
+    counts = QUICK_CALL_COUNTS if quick else CALL_COUNTS
+    total = QUICK_CALL_TOTAL_BYTES if quick else CALL_TOTAL_BYTES
+    compute = mlp_step_timer(128, 1)
+    bufs = {k: [torch.ones(total // 4 // k) for _ in range(k)] for k in counts}
+
+    def slowest(v: float) -> float:
+        t = torch.tensor([v], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return float(t.item())
+
+    def backward(k: int | None) -> float:
+        dist.barrier()
+        t0 = time.perf_counter()
+        works = []
+        for c in range(CALL_COMPUTE_CHUNKS):
+            compute()
+            if k is not None and (c + 1) % (CALL_COMPUTE_CHUNKS // k) == 0:
+                works.append(dist.all_reduce(bufs[k][len(works)], async_op=True))
+        for w in works:
+            w.wait()
+        return slowest(time.perf_counter() - t0)
+
+    backward(counts[-1])  # warm: the buffers touched, gloo's pairs connected
+    alone: list[float] = []
+    seconds: dict[int, list[float]] = {k: [] for k in counts}
+    for _ in range(2 * repeats - 1):  # more than the curve's: each point's noise is a few % of a backward
+        alone.append(backward(None))
+        for k in counts:
+            seconds[k].append(backward(k))
+    med = {k: statistics.median(v) for k, v in seconds.items()}
+    return {"counts": list(counts), "total_bytes": total, "compute_s": statistics.median(alone),
+            "seconds": [med[k] for k in counts], "slope_s": least_squares_slope(list(counts), [med[k] for k in counts])}
+
+
+def least_squares_slope(xs: list[float], ys: list[float]) -> float:
+    """The slope of the least-squares line through (xs, ys)."""
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    den = sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / den if den else 0.0
+
+
+def call_overhead_net_of_curve(call: dict[str, Any], measured: dict[str, Any]) -> float:
+    """`per_call_s`: the measured slope per call less the slope of what the measured all-reduce curve charges
+    for the same calls (K calls of total/K bytes each), at least 0."""
+    from superoffload.planner.hardware import measured_collective_seconds
+
+    counts, total = call["counts"], call["total_bytes"]
+    curve = [k * measured_collective_seconds(measured, "all_reduce", total / k, measured["world"]) for k in counts]
+    return max(0.0, call["slope_s"] - least_squares_slope(counts, curve))
+
+
 def link_class(hostnames: list[str]) -> str:
     """"inter" when the ranks span more than one host, else "intra" (HardwareProfile.collectives' keys)."""
     return "inter" if len(set(hostnames)) > 1 else "intra"
@@ -187,6 +262,7 @@ def _rank(a: argparse.Namespace) -> None:
         os.environ.setdefault("WORLD_SIZE", str(a.world))
     else:
         local, init = a.rank, f"tcp://127.0.0.1:{a.port}"
+    cores = _bind(local, a) if not a.unbound else None
     dist.init_process_group(a.backend, init_method=init, rank=a.rank, world_size=a.world,
                             timeout=datetime.timedelta(seconds=120))
     device = torch.device("cuda", local) if a.backend == "nccl" else torch.device("cpu")
@@ -237,15 +313,39 @@ def _rank(a: argparse.Namespace) -> None:
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     hosts: list[Any] = [None] * a.world
     dist.all_gather_object(hosts, socket.gethostname())
+    slices: list[Any] = [None] * a.world
+    dist.all_gather_object(slices, cores)
     share = _compute_share(a.repeats) if device.type == "cpu" else None
+    call = _call_overhead(a.repeats, a.quick) if device.type == "cpu" else None
     if a.rank == 0:
-        _write_result(a, sizes, seconds, by_dtype, max(0.0, float(t.item()) - main_t), hosts, share)
+        _write_result(a, sizes, seconds, by_dtype, max(0.0, float(t.item()) - main_t), hosts, share, call,
+                      slices)
     dist.destroy_process_group()
+
+
+def _bind(local: int, a: argparse.Namespace) -> list[int] | None:
+    """Bind this rank to its slice of the host's cores, as `bench run --bind-cores` does (the ranks of this host:
+    all of them, or the launcher's LOCAL_WORLD_SIZE / SLURM_NTASKS_PER_NODE); the cores, or None when not bound
+    (a launcher that does not say how many ranks share the host, or fewer cores than ranks)."""
+    from superoffload.harness.placement import bind_this_rank
+
+    if a.launched:
+        per_host = os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("SLURM_NTASKS_PER_NODE", "")
+        if not per_host.isdigit():
+            return None
+        local_world = int(per_host)
+    else:
+        local_world = a.world
+    try:
+        return bind_this_rank(local_rank=local, local_world=local_world).cores
+    except ValueError:  # fewer cores than ranks: they share them
+        return None
 
 
 def _write_result(a: argparse.Namespace, sizes: list[int], seconds: dict[str, list[float]],
                   by_dtype: dict[str, dict[str, list[float]]], worker_issue_s: float, hosts: list[Any],
-                  compute_share: float | None = None) -> None:
+                  compute_share: float | None = None, call: dict[str, Any] | None = None,
+                  slices: list[Any] | None = None) -> None:
     """Rank 0: fit each collective's latency and bandwidth (fp32, and each other dtype's curve) and write them
     into --profile, else to --out."""
     fits = {k: fit_collective(sizes, seconds[k], a.world) for k in COLLECTIVES}
@@ -259,7 +359,10 @@ def _write_result(a: argparse.Namespace, sizes: list[int], seconds: dict[str, li
            "dtypes": half,
            "worker_issue_s": worker_issue_s, "compute_share": compute_share, "host": socket.gethostname(),
            "hosts": len(set(hosts)), "link_class": link_class(hosts),
+           "rank_cores": slices, "cores_per_rank": min(len(c) for c in slices) if slices and all(slices) else None,
            "measured_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")}
+    if call is not None:
+        out["call_overhead"] = {**call, "per_call_s": call_overhead_net_of_curve(call, out)}
     if a.profile:
         add_to_profile(a.profile, out)
     else:
@@ -297,6 +400,10 @@ def main() -> None:
     p.add_argument("--out")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--sizes", default=",".join(map(str, SIZES)))
+    p.add_argument("--quick", action="store_true", help="fewer call counts and bytes for the per-call overhead")
+    p.add_argument("--unbound", action="store_true",
+                   help="leave the ranks unbound (default: each on its slice of this host's cores, as "
+                        "`bench run --bind-cores` places them)")
     a = p.parse_args()
     if a.launched:
         if not a.profile or not Path(a.profile).is_file():

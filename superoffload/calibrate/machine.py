@@ -589,7 +589,11 @@ def calibrate(out_path: str | os.PathLike[str] | None = None, quick: bool = Fals
                           f"{lat['all_reduce'] * 1e6:.0f} us + {gbps['all_reduce']:.2f} GB/s; issuing from the "
                           f"host worker thread {measured['worker_issue_s'] * 1e6:.0f} us"
                           + (f"; an all-reduce in flight costs the compute beside it {measured['compute_share']:.2f} "
-                             f"of its time" if measured.get("compute_share") is not None else ""))
+                             f"of its time" if measured.get("compute_share") is not None else "")
+                          + (f"; one more call beside the compute {measured['call_overhead']['per_call_s'] * 1e3:.2f}"
+                             " ms" if measured.get("call_overhead") else "")
+                          + (f"; each rank bound to {measured['cores_per_rank']} core(s)"
+                             if measured.get("cores_per_rank") else "; the ranks unbound"))
     # every number above is a rate of this machine as it was: other processes' CPU time slows them all (a
     # calibration on a loaded 2-core machine measured gpt-tiny's compute 2.6x slower), so the profile says so
     others = sampler.others_share()

@@ -223,10 +223,12 @@ class _Costs:
 
     def collective(self, kind: str, nbytes: float, calls: int = 1, worker: bool = False, elem_bytes: int = 4) -> float:
         """`calls` collectives sharing `nbytes` of `elem_bytes`-byte elements (one per bucket of a group: each pays
-        its latency), issued by the host worker thread when `worker` (the calibrated cost of issuing one from
-        there is added)."""
+        its latency, and on CPUs the calibrated cost of one more call beside the compute), issued by the host
+        worker thread when `worker` (the calibrated cost of issuing one from there is added)."""
         calls = max(1, calls)
         t = calls * self.hw.collective_seconds(kind, nbytes / calls, self.world, self.ranks_per_node, elem_bytes)
+        if t > 0:
+            t += calls * self.hw.collective_call_overhead_s()
         if worker and t > 0 and self.hw.collectives and "intra" in self.hw.collectives:
             t += calls * float(self.hw.collectives["intra"].get("worker_issue_s", 0.0))
         return t

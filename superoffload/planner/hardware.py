@@ -171,8 +171,10 @@ class HardwareProfile:
     # ("intra": ranks of one node; "inter": across nodes): {"backend", "world", "sizes" (bytes), "seconds":
     # {kind: [...]}, "latency_s": {kind: a}, "gbps": {kind: b}, "worker_issue_s", "dtypes": {"bf16": {"seconds",
     # "latency_s", "gbps"}}, "compute_share" (CPUs: the compute's loss per second of an all-reduce in flight
-    # beside it on the same cores, or null; recorded, not used by the cost model)} (fp32 at the top;
-    # calibrate/collectives.py).
+    # beside it on the same cores, or null; recorded, not used by the cost model), "call_overhead" (CPUs: a
+    # gradient all-reduced as K calls beside compute, {"counts", "total_bytes", "compute_s", "seconds", "slope_s",
+    # "per_call_s"}: the cost model adds per_call_s per call), "cores_per_rank" (the ranks' bound slices, or
+    # null when unbound)} (fp32 at the top; calibrate/collectives.py).
     # When present they replace the link numbers above for that class (docs/cost_model.md, "Collectives").
     collectives: dict[str, dict[str, Any]] | None = None
     # Threads. `compute_threads`: the compute threads the compute rates stand for when the device is the host
@@ -248,13 +250,20 @@ class HardwareProfile:
         if measured is not None and elem_bytes == 2 and "bf16" in (measured.get("dtypes") or {}):
             measured = {**measured, **measured["dtypes"]["bf16"]}
         if measured is not None and kind in measured.get("seconds", {}):
-            return _measured_collective(measured, kind, nbytes, world)
+            return measured_collective_seconds(measured, kind, nbytes, world)
         if self.intra_node_gbps is None or self.inter_node_gbps is None:
             return 0.0  # calibrated for one link class only, and this ring needs the other
         gbps = min(self.intra_node_gbps, self.inter_node_gbps) if across else self.intra_node_gbps  # type: ignore[type-var]
         latency = self.inter_node_latency_s if across else self.intra_node_latency_s
         one = (world - 1) * latency + (world - 1) / world * nbytes / (gbps * GB)  # type: ignore[operator]
         return 2 * one if kind == "all_reduce" else one
+
+    def collective_call_overhead_s(self) -> float:
+        """What one more collective call costs a rank computing beside it, beyond the measured curve's time for
+        its bytes: calibrated on CPUs (gloo runs a collective's work on the rank's own cores; calibrate/
+        collectives.py `_call_overhead`), 0 elsewhere and on presets."""
+        call = ((self.collectives or {}).get("intra") or {}).get("call_overhead") or {}
+        return float(call.get("per_call_s", 0.0))
 
     def all_to_all_seconds(self, nbytes: float, group: int, ranks_per_node: int | None = None,
                            calls: int = 1) -> float:
@@ -310,7 +319,9 @@ class HardwareProfile:
         return cls.from_dict(json.loads(Path(path).read_text()))
 
 
-def _measured_collective(m: dict[str, Any], kind: str, nbytes: float, world: int) -> float:
+def measured_collective_seconds(m: dict[str, Any], kind: str, nbytes: float, world: int) -> float:
+    """One collective on a calibrated measurement `m` (a `collectives` entry): the measured curve at its own world
+    size (log-log between measured sizes), else the ring on its fitted latency and bandwidth."""
     sizes, secs = m["sizes"], m["seconds"][kind]
     if world == m["world"] and sizes[0] <= nbytes <= sizes[-1]:
         i = min(max(bisect_left(sizes, nbytes), 1), len(sizes) - 1)

@@ -36,6 +36,45 @@ def test_two_gloo_ranks_measure_sane_positive_times_that_grow_with_size(measured
     assert 0.0 <= measured["compute_share"] <= 1.0  # gloo: what an all-reduce in flight costs the compute beside it
 
 
+def test_each_rank_is_measured_on_its_own_slice_of_the_cores(measured) -> None:
+    import os
+
+    slices = measured["rank_cores"]
+    if len(os.sched_getaffinity(0)) < 2:
+        assert slices == [None, None] and measured["cores_per_rank"] is None  # fewer cores than ranks: unbound
+        return
+    assert all(slices) and not set(slices[0]) & set(slices[1])  # bench run --bind-cores's slices: disjoint
+    assert set(slices[0]) | set(slices[1]) <= os.sched_getaffinity(0)
+    assert measured["cores_per_rank"] == min(len(c) for c in slices)
+
+
+def test_the_per_call_overhead_beside_compute_is_measured_and_net_of_the_curve(measured) -> None:
+    call = measured["call_overhead"]
+    assert call["counts"] == sorted(call["counts"]) and len(call["seconds"]) == len(call["counts"]) >= 3
+    assert call["total_bytes"] > 0 and call["compute_s"] > 0
+    # the compute with the all-reduces beside it takes at least about as long as the compute alone
+    assert all(s > 0.5 * call["compute_s"] for s in call["seconds"]), call
+    assert call["slope_s"] == pytest.approx(coll.least_squares_slope(call["counts"], call["seconds"]))
+    assert call["per_call_s"] == pytest.approx(coll.call_overhead_net_of_curve(call, measured))
+    assert 0.0 <= call["per_call_s"] < 0.1  # per call on loopback: well under 100 ms
+
+
+def test_the_net_per_call_overhead_takes_off_what_the_curve_charges_per_call() -> None:
+    # a ring whose every call pays 1 ms of latency: K calls of total/K bytes cost K ms more than their bytes
+    sizes = [4096 << 2 * i for i in range(8)]
+    curve = [1e-3 + n / 1e9 for n in sizes]
+    m = {"world": 2, "sizes": sizes, "seconds": {"all_reduce": curve}, "latency_s": {"all_reduce": 1e-3},
+         "gbps": {"all_reduce": 0.5}}
+    counts, total = [2, 4, 8, 16], 16 << 20
+    for extra in (0.0, 2e-3):  # measured: the curve's cost, plus `extra` per call
+        secs = [0.1 + k * (1e-3 + total / k / 1e9) + extra * k for k in counts]
+        call = {"counts": counts, "total_bytes": total, "slope_s": coll.least_squares_slope(counts, secs)}
+        assert coll.call_overhead_net_of_curve(call, m) == pytest.approx(extra, abs=2e-5)
+    # a measured slope below the curve's is noise, not a gain per call
+    call = {"counts": counts, "total_bytes": total, "slope_s": 0.0}
+    assert coll.call_overhead_net_of_curve(call, m) == 0.0
+
+
 def test_fit_recovers_a_ring_it_was_given() -> None:
     world, lat, gbps = 4, 50e-6, 12.0
     sizes = [4096 << 2 * i for i in range(6)]

@@ -47,6 +47,27 @@ def test_a_large_measured_collective_latency_gives_fewer_larger_buckets() -> Non
     assert any(r.startswith("Bucket priced") and "latency calibrated" in r for r in slow.reasons)
 
 
+def test_a_calibrated_per_call_overhead_is_charged_per_bucket_and_gives_fewer_buckets() -> None:
+    """On CPUs calibrate measures what one more collective call costs a rank computing beside it
+    (``call_overhead``): the cost model charges it per call, and a large one makes the plan cut fewer buckets."""
+    from superoffload.planner.costmodel import Workload, _Costs
+
+    def hw_with(per_call_s: float):
+        ring = {**_ring(10e-6, 2.0), "call_overhead": {"per_call_s": per_call_s}}
+        return replace(get_profile("cpu"), collectives={"intra": ring})
+
+    shape = get_shape("gpt-small")
+    w = Workload(shape, 128, 2, False, chips=2)
+    plain, costly = _Costs(w, hw_with(0.0)), _Costs(w, hw_with(5e-3))
+    for calls in (1, 4, 16):
+        extra = costly.collective("all_reduce", 64e6, calls=calls) - plain.collective("all_reduce", 64e6, calls=calls)
+        assert extra == pytest.approx(calls * 5e-3)
+    assert hw_with(5e-3).collective_call_overhead_s() == 5e-3 and get_profile("gh200").collective_call_overhead_s() == 0
+    few = make_plan(shape, 128, 2, hw_with(20e-3), activation_checkpointing=False, chips=2)
+    many = make_plan(shape, 128, 2, hw_with(0.0), activation_checkpointing=False, chips=2)
+    assert few.bucket_size > many.bucket_size
+
+
 def test_the_link_rule_bucket_stays_unless_another_is_clearly_faster() -> None:
     plan, hw = _plan(10e-6)
     alt = plan.alternatives["bucket_size"]
