@@ -11,10 +11,11 @@ activations) and at one block:
 
     block = (t(L blocks) - t(1 block)) / (L - 1),    top = t(1 block) - block
 
-so nothing is scaled from a different width, sequence or batch. A profile key names the model and the
-micro-batch (``planner.hardware.workload_key``); the cost model uses an entry only when its shape
-signature (``planner.hardware.shape_signature``) matches the workload's, and falls back to the op-level
-terms otherwise (always, for the presets). ``superoffload validate`` reports both.
+so nothing is scaled from a different width, sequence or batch. A profile key names the model, the
+micro-batch and the precision unless fp32 (``planner.hardware.workload_key``; ``--dtype fp32,bf16`` profiles
+both); the cost model uses an entry only when its shape signature (``planner.hardware.shape_signature``) and
+precision match the workload's, and falls back to the op-level terms otherwise (always, for the presets).
+``superoffload validate`` reports both.
 """
 
 from __future__ import annotations
@@ -133,11 +134,20 @@ def _profiled(shape: ModelShape) -> ModelShape:
     return dataclasses.replace(shape, layers=min(shape.layers, MAX_PROFILED_LAYERS))
 
 
+def parse_dtypes(text: str) -> list[str]:
+    """``fp32`` or ``fp32,bf16``: the precisions to profile --workloads in; ValueError naming a bad one."""
+    dtypes = list(dict.fromkeys(d.strip() for d in text.split(",") if d.strip()))
+    bad = [d for d in dtypes if d not in PRECISIONS]
+    if bad or not dtypes:
+        raise ValueError(f"--dtype: each of {', '.join(PRECISIONS)} (comma-separated), not {text!r}")
+    return dtypes
+
+
 def check_workloads(workloads: list[tuple[str, int, int]], dtype: str,
                     memory_bytes: float = float("inf")) -> dict[str, ModelShape]:
-    """Shapes of the named models; ValueError (saying what to change) for an unknown model or dtype."""
-    if dtype not in PRECISIONS:
-        raise ValueError(f"dtype must be one of {PRECISIONS}, not {dtype!r}")
+    """Shapes of the named models; ValueError (saying what to change) for an unknown model or dtype (one, or
+    several comma-separated)."""
+    parse_dtypes(dtype)
     shapes = {}
     for m, _, _ in workloads:
         try:
@@ -154,5 +164,7 @@ def check_workloads(workloads: list[tuple[str, int, int]], dtype: str,
 
 def profile_workloads(workloads: list[tuple[str, int, int]], device: str, dtype: str,
                       memory_bytes: float = float("inf")) -> dict[str, dict[str, Any]]:
+    """Every workload profiled in each precision of ``dtype`` (``fp32`` or ``fp32,bf16``)."""
     shapes = check_workloads(workloads, dtype, memory_bytes)
-    return {workload_key(m, s, b): profile_workload(shapes[m], s, b, device, dtype) for m, s, b in workloads}
+    return {workload_key(m, s, b, d): profile_workload(shapes[m], s, b, device, d)
+            for d in parse_dtypes(dtype) for m, s, b in workloads}

@@ -27,7 +27,6 @@ from superoffload.calibrate import compute
 from superoffload.calibrate.threads import set_threads
 from superoffload.harness.noise import OTHERS_BOUND, NoiseSampler
 from superoffload.harness.peak import gpu_peak_flops, store_cpu_peak
-from superoffload.options import PRECISIONS
 from superoffload.planner.hardware import (
     ADAM_BYTES_PER_PARAM,
     CAST_BYTES_PER_ELEM,
@@ -553,10 +552,10 @@ def calibrate(out_path: str | os.PathLike[str] | None = None, quick: bool = Fals
     """Measure this machine; write the profile JSON atomically to ``out_path`` if given. ``systems``:
     also time each training system's step machinery on a degenerate model (not with ``quick``).
     ``workloads``: (model, seq, micro-batch) whose compute is also profiled (calibrate/compute.py), in
-    ``dtype`` (autocast on a GPU; the harness's CPU runs are fp32). ``threads``: compute threads to
-    measure at (default: torch's current count); pass the sweep's ``--threads``. ``collectives``: ranks to
-    measure reduce-scatter / all-gather / all-reduce on (calibrate/collectives.py; None: 2 where this host
-    can, 0: not measured)."""
+    each precision of ``dtype`` (``fp32`` or comma-separated ``fp32,bf16``; autocast; the CPU sweep runs fp32).
+    ``threads``: compute threads to measure at (default: torch's current count); pass the sweep's
+    ``--threads``. ``collectives``: ranks to measure reduce-scatter / all-gather / all-reduce on
+    (calibrate/collectives.py; None: 2 where this host can, 0: not measured)."""
     if threads is not None:
         set_threads(threads)
 
@@ -639,8 +638,9 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
                         "use the --threads of the runs the profile will be compared with. Host Adam is also "
                         "measured at the other thread counts up to the usable CPUs, and the compute's slowdown "
                         "beside a host Adam on a core of its own (host_interference)")
-    p.add_argument("--dtype", default="fp32", choices=PRECISIONS,
-                   help="compute dtype of --workloads (default fp32, what the CPU sweep runs)")
+    p.add_argument("--dtype", default="fp32", metavar="DTYPE[,DTYPE]",
+                   help="compute dtype(s) of --workloads, comma-separated, each profiled: fp32, bf16 or fp16 "
+                        "(default fp32, what the CPU sweep runs; fp32,bf16 for plans in both)")
     p.add_argument("--collectives", type=int, default=None, metavar="W",
                    help="measure reduce-scatter, all-gather and all-reduce on W ranks of this host (gloo, or NCCL "
                         "with W GPUs) at the sizes the engine issues, in fp32 and bf16; the cost model uses them for "

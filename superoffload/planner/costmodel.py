@@ -274,12 +274,15 @@ def profiled_compute(w: Workload, hw: HardwareProfile) -> dict[str, Any] | None:
     none whose shape signature and dtype match."""
     if w.sp > 1:  # a profile times one rank holding the whole sequence
         return None
-    entry = (hw.compute_profiles or {}).get(workload_key(w.shape.name, w.seq, w.batch))
-    if entry is None or entry.get("shape") != shape_signature(w.shape):
-        return None
-    if w.precision is not None and entry.get("dtype") != w.precision:
-        return None
-    return entry
+    profiles = hw.compute_profiles or {}
+    for key in dict.fromkeys((workload_key(w.shape.name, w.seq, w.batch, w.precision),
+                              workload_key(w.shape.name, w.seq, w.batch))):
+        entry = profiles.get(key)
+        if entry is None or entry.get("shape") != shape_signature(w.shape):
+            continue
+        if w.precision is None or entry.get("dtype") == w.precision:
+            return entry
+    return None
 
 
 def attention_seconds(hw: HardwareProfile, flops: float) -> float:

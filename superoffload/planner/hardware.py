@@ -344,9 +344,11 @@ def fit_collective(sizes: list[int], seconds: list[float], world: int) -> tuple[
     return latency, gbps
 
 
-def workload_key(model: str, seq: int, batch: int) -> str:
-    """The key of a workload in ``HardwareProfile.compute_profiles``."""
-    return f"{model}:s{seq}:b{batch}"
+def workload_key(model: str, seq: int, batch: int, dtype: str | None = None) -> str:
+    """The key of a workload in ``HardwareProfile.compute_profiles``: ``model:sSEQ:bBATCH``, with ``:DTYPE`` for a
+    profile in another precision than fp32 (so one profile holds a workload's fp32 and bf16 compute; an fp32
+    entry keeps the key profiles had before they held several)."""
+    return f"{model}:s{seq}:b{batch}" + (f":{dtype}" if dtype not in (None, "fp32") else "")
 
 
 def shape_signature(shape: ModelShape) -> str:

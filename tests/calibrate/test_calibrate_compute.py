@@ -95,3 +95,24 @@ def test_calibrate_cli_rejects_bad_workloads_before_measuring(capsys) -> None:
     args = sub.choices["calibrate"].parse_args(["--workloads", "gpt-tiny:128", "--quick"])
     assert args.func(args) == 2
     assert "MODEL:SEQ:BATCH" in capsys.readouterr().err
+
+
+def test_calibrate_cli_rejects_a_bad_dtype_before_measuring(capsys) -> None:
+    import argparse
+
+    from superoffload.calibrate import machine as cal
+
+    sub = argparse.ArgumentParser().add_subparsers()
+    cal.add_cli(sub)
+    args = sub.choices["calibrate"].parse_args(["--workloads", "gpt-tiny:16:2", "--dtype", "fp32,int8", "--quick"])
+    assert args.func(args) == 2
+    assert "--dtype" in capsys.readouterr().err
+
+
+def test_workloads_are_profiled_in_each_precision_asked_for() -> None:
+    assert cc.parse_dtypes("fp32, bf16,fp32") == ["fp32", "bf16"]
+    profiles = cc.profile_workloads([("gpt-tiny", 16, 2)], "cpu", "fp32,bf16")
+    # fp32 keeps the key profiles had before they held several precisions; bf16 gets its own
+    assert set(profiles) == {workload_key("gpt-tiny", 16, 2), workload_key("gpt-tiny", 16, 2, "bf16")}
+    assert workload_key("gpt-tiny", 16, 2, "bf16") == "gpt-tiny:s16:b2:bf16"
+    assert [profiles[k]["dtype"] for k in sorted(profiles)] == ["fp32", "bf16"]

@@ -39,6 +39,21 @@ def test_cost_model_uses_a_matching_entry_only() -> None:
     assert predict("torch", Workload(TOY, 16, 2, False), base).options["compute"] == "op-model"
 
 
+def test_a_profile_holds_each_precision_and_a_workload_gets_its_own() -> None:
+    base = get_profile("cpu")
+    fp32, bf16 = _entry(TOY), _entry(TOY, dtype="bf16", block_fwd_s=0.002)
+    hw = dataclasses.replace(base, compute_profiles={workload_key("gpt-tiny", 16, 2): fp32,
+                                                     workload_key("gpt-tiny", 16, 2, "bf16"): bf16})
+    assert _Costs(Workload(TOY, 16, 2, False, precision="fp32"), hw).profiled is fp32
+    assert _Costs(Workload(TOY, 16, 2, False, precision="bf16"), hw).profiled is bf16
+    assert _Costs(Workload(TOY, 16, 2, False, precision="fp16"), hw).profiled is None
+    # a profile written before keys named the precision: its one entry, under the plain key, still applies
+    # to the precision it was measured in
+    old = dataclasses.replace(base, compute_profiles={workload_key("gpt-tiny", 16, 2): _entry(TOY, dtype="bf16")})
+    assert _Costs(Workload(TOY, 16, 2, False, precision="bf16"), old).profiled is not None
+    assert _Costs(Workload(TOY, 16, 2, False, precision="fp32"), old).profiled is None
+
+
 def test_profiles_round_trip(tmp_path) -> None:
     hw = dataclasses.replace(get_profile("cpu"), compute_profiles={"gpt-tiny:s16:b2": _entry(TOY)})
     hw.save(tmp_path / "p.json")
