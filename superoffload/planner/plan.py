@@ -141,7 +141,7 @@ class Plan:
                         chips=self.chips, ranks_per_node=self.ranks_per_node, sp=self.sp,
                         offload_checkpoints=self.offload_checkpoints, loss_tile=self.loss_tile,
                         cores_per_rank=self.cores_per_rank, compute_threads=self.compute_threads,
-                        host_threads=self.host_threads)
+                        host_threads=self.host_threads, precision=self.precision)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -209,12 +209,14 @@ def _positions_reason(named: ModelShape, shape: ModelShape, seq: int) -> str:
 def _initial_workload(shape: ModelShape, seq: int, batch: int, activation_checkpointing: bool, chips: int,
                       ranks_per_node: int | None, sp: int | None, offload_checkpoints: bool | None,
                       loss_tile: int | None, cores_per_rank: float | None = None, compute_threads: int | None = None,
-                      host_threads: int | None = None) -> Workload:
+                      host_threads: int | None = None, precision: Precision | None = None) -> Workload:
     """The request as a Workload: what is given is fixed, what is None starts off (SP 1, checkpoints on the
-    device, the plain loss) for ``_choose_long_sequence`` to turn on."""
+    device, the plain loss) for ``_choose_long_sequence`` to turn on. ``precision`` selects a profiled
+    compute entry of that precision (a bf16 plan is not priced on an fp32 profile's compute)."""
     return Workload(shape, seq, batch, activation_checkpointing, chips=chips, ranks_per_node=ranks_per_node,
                     sp=sp or 1, offload_checkpoints=bool(offload_checkpoints), loss_tile=loss_tile or None,
-                    cores_per_rank=cores_per_rank, compute_threads=compute_threads, host_threads=host_threads)
+                    cores_per_rank=cores_per_rank, compute_threads=compute_threads, host_threads=host_threads,
+                    precision=precision)
 
 
 def _gb(x: float) -> str:
@@ -322,7 +324,7 @@ def make_plan(shape: ModelShape, seq: int, batch: int, hardware: HardwareProfile
     hw = hardware
     named, shape = shape, positions_for(shape, seq)
     w = _initial_workload(shape, seq, batch, activation_checkpointing, chips, ranks_per_node, sp,
-                          offload_checkpoints, loss_tile, cores_per_rank, compute_threads, host_threads)
+                          offload_checkpoints, loss_tile, cores_per_rank, compute_threads, host_threads, precision)
     budget = float(hw.device_hbm_bytes if hbm_budget is None else hbm_budget)
     n = shape.total_params()
     reasons: list[str] = []

@@ -54,6 +54,27 @@ def test_a_profile_holds_each_precision_and_a_workload_gets_its_own() -> None:
     assert _Costs(Workload(TOY, 16, 2, False, precision="fp32"), old).profiled is None
 
 
+def test_a_plan_is_priced_on_the_entry_of_its_own_precision() -> None:
+    """make_plan and Plan.workload carry the precision: a bf16 plan on a profile holding both entries is priced on
+    the bf16 compute, never on the fp32 entry under the plain key."""
+    from superoffload.planner.plan import make_plan
+
+    base = get_profile("cpu")
+    slow, fast = _entry(TOY, block_fwd_s=0.05, block_bwd_s=0.1), _entry(TOY, dtype="bf16")
+    hw = dataclasses.replace(base, compute_profiles={workload_key("gpt-tiny", 16, 2): slow,
+                                                     workload_key("gpt-tiny", 16, 2, "bf16"): fast})
+    steps = {}
+    for precision in ("fp32", "bf16"):
+        plan = make_plan(TOY, 16, 2, hw, activation_checkpointing=False, precision=precision)
+        w = plan.workload(TOY)
+        assert w.precision == precision
+        assert _Costs(w, hw).profiled is (slow if precision == "fp32" else fast)
+        assert plan.predicted.options["compute"] == "profiled"
+        steps[precision] = plan.predicted.step_time_s
+    # the fp32 entry's blocks cost 0.1 s more per block, forward and backward, than the bf16 entry's
+    assert steps["fp32"] > steps["bf16"] + TOY.layers * 0.1
+
+
 def test_profiles_round_trip(tmp_path) -> None:
     hw = dataclasses.replace(get_profile("cpu"), compute_profiles={"gpt-tiny:s16:b2": _entry(TOY)})
     hw.save(tmp_path / "p.json")
