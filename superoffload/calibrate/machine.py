@@ -643,6 +643,8 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
                         "(default fp32, what the CPU sweep runs; fp32,bf16 for plans in both)")
     p.add_argument("--collectives", type=int, default=None, metavar="W",
                    help="measure reduce-scatter, all-gather and all-reduce on W ranks of this host (gloo, or NCCL "
-                        "with W GPUs) at the sizes the engine issues, in fp32 and bf16; the cost model uses them for "
-                        "several-rank plans (default: 2 where the host can run two, 0: skip)")
+                        "with W GPUs), each rank on its slice of the cores as `bench run --bind-cores` places it, at "
+                        "the sizes the engine issues, in fp32 and bf16, and on CPUs what one more call costs beside "
+                        "compute; the cost model uses them for several-rank plans (default: 2 where the host can run "
+                        "two, 0: skip)")
     p.set_defaults(func=_run)
