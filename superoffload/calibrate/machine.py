@@ -561,6 +561,7 @@ def calibrate(out_path: str | os.PathLike[str] | None = None, quick: bool = Fals
 
     cuda = torch.cuda.is_available()
     mem = torch.cuda.get_device_properties(0).total_memory if cuda else physical_memory_bytes()
+    compute.parse_dtypes(dtype)  # a bad --dtype fails here, with or without --workloads
     if workloads:  # bad names and models too large to profile fail here, before minutes of measuring
         compute.check_workloads(workloads, dtype, mem)
     sampler = NoiseSampler(children=True).start()  # its subprocesses (systems, collectives) are its own work

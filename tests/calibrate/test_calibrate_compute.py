@@ -104,9 +104,10 @@ def test_calibrate_cli_rejects_a_bad_dtype_before_measuring(capsys) -> None:
 
     sub = argparse.ArgumentParser().add_subparsers()
     cal.add_cli(sub)
-    args = sub.choices["calibrate"].parse_args(["--workloads", "gpt-tiny:16:2", "--dtype", "fp32,int8", "--quick"])
-    assert args.func(args) == 2
-    assert "--dtype" in capsys.readouterr().err
+    for extra in (["--workloads", "gpt-tiny:16:2"], []):  # with or without workloads to profile
+        args = sub.choices["calibrate"].parse_args([*extra, "--dtype", "fp32,int8", "--quick"])
+        assert args.func(args) == 2
+        assert "--dtype" in capsys.readouterr().err
 
 
 def test_workloads_are_profiled_in_each_precision_asked_for() -> None:
