@@ -95,6 +95,13 @@ def measure(world: int = 2, quick: bool = False, repeats: int | None = None, tim
         return json.loads(out.read_text())
 
 
+def _slowest(seconds: float, device: torch.device | None = None) -> float:
+    """The largest of every rank's `seconds` (a collective ends when its last rank does)."""
+    t = torch.tensor([seconds], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
 def _time(fn: Any, repeats: int, device: torch.device) -> float:
     """Best of `repeats` of the slowest rank."""
     def sync() -> None:
@@ -110,9 +117,7 @@ def _time(fn: Any, repeats: int, device: torch.device) -> float:
         fn()
         sync()
         best = min(best, time.perf_counter() - t0)
-    t = torch.tensor([best], dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t.item())
+    return _slowest(best, device)
 
 
 def _compute_share(repeats: int) -> float:
@@ -131,13 +136,8 @@ def _compute_share(repeats: int) -> float:
     def reduce(k: int) -> list[Any]:
         return [dist.all_reduce(b, async_op=True) for b in bufs[:k]]
 
-    def slowest(v: float) -> float:
-        t = torch.tensor([v], dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return float(t.item())
-
     compute()
-    t_c = slowest(compute())
+    t_c = _slowest(compute())
     dist.barrier()
     t0 = time.perf_counter()
     for w in reduce(1):
@@ -148,19 +148,19 @@ def _compute_share(repeats: int) -> float:
     shares = []
     for _ in range(max(3, repeats)):
         dist.barrier()
-        t_c = slowest(compute())
+        t_c = _slowest(compute())
         dist.barrier()
         t0 = time.perf_counter()
         for w in reduce(batch):
             w.wait()
-        t_ar = slowest(time.perf_counter() - t0)
+        t_ar = _slowest(time.perf_counter() - t0)
         dist.barrier()
         t0 = time.perf_counter()
         works = reduce(batch)
         compute()
         for w in works:
             w.wait()
-        t_both = slowest(time.perf_counter() - t0)
+        t_both = _slowest(time.perf_counter() - t0)
         shares.append(min(1.0, max(0.0, (t_both - t_c) / t_ar)))
     return sorted(shares)[len(shares) // 2]
 
@@ -185,11 +185,6 @@ def _call_overhead(repeats: int, quick: bool) -> dict[str, Any]:
     compute = mlp_step_timer(128, 1)
     bufs = {k: [torch.ones(total // 4 // k) for _ in range(k)] for k in counts}
 
-    def slowest(v: float) -> float:
-        t = torch.tensor([v], dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return float(t.item())
-
     def backward(k: int | None) -> float:
         dist.barrier()
         t0 = time.perf_counter()
@@ -200,7 +195,7 @@ def _call_overhead(repeats: int, quick: bool) -> dict[str, Any]:
                 works.append(dist.all_reduce(bufs[k][len(works)], async_op=True))
         for w in works:
             w.wait()
-        return slowest(time.perf_counter() - t0)
+        return _slowest(time.perf_counter() - t0)
 
     backward(counts[-1])  # warm: the buffers touched, gloo's pairs connected
     alone: list[float] = []
@@ -211,14 +206,8 @@ def _call_overhead(repeats: int, quick: bool) -> dict[str, Any]:
             seconds[k].append(backward(k))
     med = {k: statistics.median(v) for k, v in seconds.items()}
     return {"counts": list(counts), "total_bytes": total, "compute_s": statistics.median(alone),
-            "seconds": [med[k] for k in counts], "slope_s": least_squares_slope(list(counts), [med[k] for k in counts])}
-
-
-def least_squares_slope(xs: list[float], ys: list[float]) -> float:
-    """The slope of the least-squares line through (xs, ys)."""
-    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    den = sum((x - mx) ** 2 for x in xs)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / den if den else 0.0
+            "seconds": [med[k] for k in counts],
+            "slope_s": statistics.linear_regression(counts, [med[k] for k in counts]).slope}
 
 
 def call_overhead_net_of_curve(call: dict[str, Any], measured: dict[str, Any]) -> float:
@@ -228,7 +217,7 @@ def call_overhead_net_of_curve(call: dict[str, Any], measured: dict[str, Any]) -
 
     counts, total = call["counts"], call["total_bytes"]
     curve = [k * measured_collective_seconds(measured, "all_reduce", total / k, measured["world"]) for k in counts]
-    return max(0.0, call["slope_s"] - least_squares_slope(counts, curve))
+    return max(0.0, call["slope_s"] - statistics.linear_regression(counts, curve).slope)
 
 
 def link_class(hostnames: list[str]) -> str:
@@ -309,8 +298,7 @@ def _rank(a: argparse.Namespace) -> None:
     th = threading.Thread(target=from_thread)
     th.start()
     th.join()
-    t = torch.tensor([box[0]], dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    worker_t = _slowest(box[0], device)
     hosts: list[Any] = [None] * a.world
     dist.all_gather_object(hosts, socket.gethostname())
     slices: list[Any] = [None] * a.world
@@ -318,7 +306,7 @@ def _rank(a: argparse.Namespace) -> None:
     share = _compute_share(a.repeats) if device.type == "cpu" else None
     call = _call_overhead(a.repeats, a.quick) if device.type == "cpu" else None
     if a.rank == 0:
-        _write_result(a, sizes, seconds, by_dtype, max(0.0, float(t.item()) - main_t), hosts, share, call,
+        _write_result(a, sizes, seconds, by_dtype, max(0.0, worker_t - main_t), hosts, share, call,
                       slices)
     dist.destroy_process_group()
 

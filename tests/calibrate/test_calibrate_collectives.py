@@ -4,6 +4,7 @@ and the cost model reading them back."""
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import replace
 from pathlib import Path
 
@@ -54,7 +55,7 @@ def test_the_per_call_overhead_beside_compute_is_measured_and_net_of_the_curve(m
     assert call["total_bytes"] > 0 and call["compute_s"] > 0
     # the compute with the all-reduces beside it takes at least about as long as the compute alone
     assert all(s > 0.5 * call["compute_s"] for s in call["seconds"]), call
-    assert call["slope_s"] == pytest.approx(coll.least_squares_slope(call["counts"], call["seconds"]))
+    assert call["slope_s"] == pytest.approx(statistics.linear_regression(call["counts"], call["seconds"]).slope)
     assert call["per_call_s"] == pytest.approx(coll.call_overhead_net_of_curve(call, measured))
     assert 0.0 <= call["per_call_s"] < 0.1  # per call on loopback: well under 100 ms
 
@@ -68,7 +69,7 @@ def test_the_net_per_call_overhead_takes_off_what_the_curve_charges_per_call() -
     counts, total = [2, 4, 8, 16], 16 << 20
     for extra in (0.0, 2e-3):  # measured: the curve's cost, plus `extra` per call
         secs = [0.1 + k * (1e-3 + total / k / 1e9) + extra * k for k in counts]
-        call = {"counts": counts, "total_bytes": total, "slope_s": coll.least_squares_slope(counts, secs)}
+        call = {"counts": counts, "total_bytes": total, "slope_s": statistics.linear_regression(counts, secs).slope}
         assert coll.call_overhead_net_of_curve(call, m) == pytest.approx(extra, abs=2e-5)
     # a measured slope below the curve's is noise, not a gain per call
     call = {"counts": counts, "total_bytes": total, "slope_s": 0.0}
