@@ -636,8 +636,8 @@ class _Builder:
         if not self.link_aliased:
             t = costs.link("d2h", shard, spec.grad_d2h_bytes, real)
             last = graph.add(f"it{it}.d2h{j}", D2H, t, [last], "d2h", it)
-        if spec.grad_host_cast:
-            last = self._host_op(f"it{it}.hcast{j}", costs.host_cast(shard), [last], "host_cast", it)
+        # grad_host_cast: no pass of its own; the host step reads the low-precision gradient (systems.py,
+        # LOWP_GRAD_READ_SAVING)
         return {"j": j, "ready": last, "device": False}
 
     # -- host step, commit, parameter return, device tail -----------------------------------------

@@ -50,6 +50,13 @@ ROLLBACK_COMMIT_BYTES = {"full_copy": 0.0, "deferred": 16.0}
 UNFUSED_GRAD_COPY = 8.0
 UNFUSED_OUT_COPY = 8.0
 UNFUSED_SPEC_COPY = 24.0
+# Gradients cast on the host land in the training precision and no pass casts them on their own: GraceAdam
+# reads bf16/fp16 gradients and widens them in registers, the unfused kernels' `grad.float()` is their gradient
+# copy (UNFUSED_GRAD_COPY) with a 2-byte read. Either way every pass that reads the gradient (the step, the
+# deferred commit) reads 2 B/param less than an fp32 gradient's 4, and nothing more is charged
+# (superoffload/engine/host_adam.py; measured on gpt-small's 10.5M-param shard, one thread: 1.06 ns/param with
+# bf16 gradients, 1.22 with fp32).
+LOWP_GRAD_READ_SAVING = 2.0
 
 DEEPSPEED_REDUCE_BUCKET = 500_000_000  # DeepSpeed default reduce_bucket_size (elements)
 # torch DistributedDataParallel's default bucket_cap_mb = 25 (MiB of gradients per all-reduce bucket)
@@ -126,11 +133,12 @@ class SystemSpec:
     host_optimizer: HostOptimizer
     grad_d2h_bytes: int  # bytes/param on the link
     grad_device_cast: bool  # cast bf16 -> fp32 on the device before D2H
-    grad_host_cast: bool  # D2H bf16, cast to fp32 on the host pool
+    grad_host_cast: bool  # D2H bf16; the host step reads them as they are (LOWP_GRAD_READ_SAVING), no cast pass
     host_waits_backward: bool  # host step only after validation (no speculation)
     grad_device_copy: bool = False  # fp32: the same device pass over the grads is a plain copy (8 B/param)
     spec_extra_bytes: float = 0.0  # extra host bytes/param in the step pass (exactness, fused casts)
     fused_cast_bytes: float = 0.0  # the part of spec_extra_bytes that writes the low-precision upload copy
+    lowp_grad_saving: float = 0.0  # bytes/param the step and commit passes read less: low-precision gradients
     commit_bytes: float = 0.0  # a separate commit pass after validation, bytes/param
     return_bytes: int = 2  # H2D bytes/param of the updated parameters (0: no return)
     return_host_cast: bool = False  # separate host cast pass before the upload
@@ -247,6 +255,10 @@ def _without_casts(spec: SystemSpec) -> None:
     spec.return_host_cast = spec.return_device_cast = False
     spec.spec_extra_bytes -= spec.fused_cast_bytes
     spec.fused_cast_bytes = 0.0
+    spec.spec_extra_bytes += spec.lowp_grad_saving  # the gradients land in fp32
+    if spec.commit_bytes:
+        spec.commit_bytes += spec.lowp_grad_saving
+    spec.lowp_grad_saving = 0.0
     spec.fetch_bytes = 4
     spec.fetch_device_cast = False
 
@@ -263,6 +275,7 @@ def _system_spec(system: str, opts: Options, total_params: int) -> SystemSpec:
             out_copy = UNFUSED_OUT_COPY if (param_device_cast or opts.precision == "fp32") else 0.0
             spec_extra += UNFUSED_GRAD_COPY + out_copy + (UNFUSED_SPEC_COPY if opts.speculation else 0.0)
             commit += UNFUSED_GRAD_COPY if commit else 0.0
+        saving = 0.0 if device_cast else LOWP_GRAD_READ_SAVING
         return SystemSpec(
             name=system, bucket_size=opts.bucket_size, device_tail_buckets=opts.device_tail_buckets,
             host_optimizer=opts.host_optimizer,
@@ -270,9 +283,9 @@ def _system_spec(system: str, opts: Options, total_params: int) -> SystemSpec:
             grad_host_cast=not device_cast,
             host_waits_backward=not opts.speculation,
             # GraceAdam writes the bf16 upload copy in the same pass (+2 B) when parameters cast on the host
-            spec_extra_bytes=spec_extra + (2.0 if fused_return_cast else 0.0),
-            fused_cast_bytes=2.0 if fused_return_cast else 0.0,
-            commit_bytes=commit,
+            spec_extra_bytes=spec_extra + (2.0 if fused_return_cast else 0.0) - saving,
+            fused_cast_bytes=2.0 if fused_return_cast else 0.0, lowp_grad_saving=saving,
+            commit_bytes=commit - saving if commit else 0.0,
             return_bytes=4 if param_device_cast else 2, return_device_cast=param_device_cast,
             return_host_cast=not param_device_cast and not fused_return_cast,
             flow_layers=frozenset(opts.flow_layers), flow_prefetch=opts.flow_prefetch,

@@ -1,7 +1,7 @@
 """What bounds a predicted step: busy time per resource, the busiest named by `explain` with its stages.
 
-At the largest model one GH200 trains (gpt-30b, Fig 13's settings) the host CPU's Adam, casts and commit
-passes bound the step; at the paper's Fig 10 point (gpt-1b, seq 1024, batch 8) the planner's tail buckets
+At the largest model one GH200 trains (gpt-30b, Fig 13's settings) the host CPU's Adam and commit passes
+bound the step; at the paper's Fig 10 point (gpt-1b, seq 1024, batch 8) the planner's tail buckets
 balance the two: the device's compute stream and the host are both busy for nearly all of the step."""
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ def _predicted(model: str, seq: int, batch: int) -> Prediction:
 def test_the_host_bounds_the_largest_model_on_one_chip() -> None:
     p = _predicted("gpt-30b", 1024, 1)
     name, share = p.binding()
-    assert name == "host" and share > 0.9
+    # busy for 87 % of the step since the host step reads bf16 gradients without a cast pass (92 % before)
+    assert name == "host" and share > 0.8
     assert {"host_adam"} <= set(p.resource_stages["host"])
     # busy time per resource is the sum of its stages' time: the host's stages are all on the host
     assert abs(p.resource_s["host"] - sum(p.stage_s[k] for k in p.resource_stages["host"])) < 1e-9

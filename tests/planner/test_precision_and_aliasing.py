@@ -76,3 +76,32 @@ def test_superoffload_on_a_host_device_has_no_link_copies_and_waits_for_the_step
     # and on a real link the same system copies
     gh = predict("superoffload", w, get_profile("gh200"), dataclasses.replace(opts, precision="bf16"))
     assert gh.stage_s["d2h"] > 0 and gh.stage_s["h2d"] > 0
+
+
+@pytest.mark.parametrize("host_optimizer", ["grace", "cpuadam"])
+def test_gradients_cast_on_the_host_have_no_cast_pass_the_step_reads_them_as_they_land(host_optimizer: str) -> None:
+    """grad_cast host: the engine hands the bf16 landing buffer to the host kernel (GraceAdam widens it in
+    registers; the unfused kernels' gradient copy is `grad.float()`), so no host_cast op is charged and the
+    step reads 2 B/param less than with fp32 gradients (grad_cast device), as the commit pass does."""
+    hw = get_profile("gh200")
+    n = W.shape.total_params()
+    host = Options(grad_cast="host", param_cast="host", host_optimizer=host_optimizer, speculation=True,
+                   rollback_mode="deferred", device_tail_buckets=0)
+    device = dataclasses.replace(host, grad_cast="device")
+    h, d = system_spec("superoffload", host, n), system_spec("superoffload", device, n)
+    assert h.grad_host_cast and h.grad_d2h_bytes == 2 and d.grad_d2h_bytes == 4
+    assert h.spec_extra_bytes == d.spec_extra_bytes - 2 and h.commit_bytes == d.commit_bytes - 2
+    pred = predict("superoffload", W, hw, host)
+    # the only host cast left is the unfused kernels' weights (`out.copy_(p)` into the bf16 upload); GraceAdam
+    # writes that copy in its pass: no host cast at all
+    returns = hw.cast_seconds(n, on_host=True) if host_optimizer != "grace" else 0.0
+    assert pred.stage_s.get("host_cast", 0.0) == pytest.approx(returns, rel=1e-6)
+    # the step's bytes are the kernel's with the 2-byte gradient read
+    adam = hw.host_adam_seconds(n, host_optimizer, h.spec_extra_bytes) + hw.host_adam_seconds(
+        n, host_optimizer, h.commit_bytes - 28)
+    assert pred.stage_s["host_adam"] + pred.stage_s.get("host_commit", 0.0) == pytest.approx(adam, rel=0.02)
+    # fp32 training lands fp32 gradients: the saving goes with the cast
+    fp32 = system_spec("superoffload", dataclasses.replace(host, precision="fp32"), n)
+    fp32_dev = system_spec("superoffload", dataclasses.replace(device, precision="fp32"), n)
+    assert fp32.spec_extra_bytes == fp32_dev.spec_extra_bytes
+    assert fp32.commit_bytes == fp32_dev.commit_bytes and fp32.lowp_grad_saving == 0
