@@ -79,9 +79,10 @@ def _check_finite_weights(slots: list[ParamSlot]) -> None:
                          f"the model cannot be trained from them; load or initialize finite weights")
 
 
-def _to_device(model: nn.Module, device: torch.device, dtype: torch.dtype) -> nn.Module:
+def place_in_precision(model: nn.Module, device: torch.device, dtype: torch.dtype) -> nn.Module:
     """The model on the device with its floating-point parameters in the training precision. Buffers keep
-    their dtype (RoPE's inverse frequencies stay fp32, as `from_pretrained(dtype=...)` keeps them)."""
+    their dtype (RoPE's inverse frequencies stay fp32, as `from_pretrained(dtype=...)` keeps them).
+    `calibrate` profiles a workload's compute on the model placed by this, as the engine trains it."""
     model.to(device=device)
     with torch.no_grad():
         for p in model.parameters():
@@ -117,7 +118,7 @@ class SuperOffloadEngine(DeepSpeedNames):
         self._check_budgets()  # before anything is moved, cast or allocated
         self._pending_master.update({s.index: s.param.detach().to("cpu", torch.float32).reshape(-1).clone()
                                      for s in self.slots})
-        self.model = _to_device(model, self.backend.torch_device, self.dtype)
+        self.model = place_in_precision(model, self.backend.torch_device, self.dtype)
         offloader = getattr(model, "activation_offloader", None)  # checkpoints in host memory (sequence/)
         if offloader is not None and hasattr(offloader, "use_device"):
             offloader.use_device(self.backend)

@@ -117,3 +117,27 @@ def test_workloads_are_profiled_in_each_precision_asked_for() -> None:
     assert set(profiles) == {workload_key("gpt-tiny", 16, 2), workload_key("gpt-tiny", 16, 2, "bf16")}
     assert workload_key("gpt-tiny", 16, 2, "bf16") == "gpt-tiny:s16:b2:bf16"
     assert [profiles[k]["dtype"] for k in sorted(profiles)] == ["fp32", "bf16"]
+
+
+def test_a_bf16_profile_times_the_model_as_the_engine_trains_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """bf16 weights and no autocast (the engine's `place_in_precision`), not fp32 weights cast per op under
+    autocast: what the forward saw is recorded by a hook on the harness's model."""
+    import torch
+
+    import superoffload.harness.models as hm
+
+    seen: list[tuple[set, bool]] = []
+    build = hm.build_model
+
+    def recording(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        model = build(*args, **kwargs)
+        model.register_forward_pre_hook(lambda m, a: seen.append(
+            ({p.dtype for p in m.parameters()}, torch.is_autocast_enabled("cpu"))))
+        return model
+
+    monkeypatch.setattr(hm, "build_model", recording)
+    cc.profile_workload(TOY, 16, 2, "cpu", "bf16")
+    assert seen and all(dtypes == {torch.bfloat16} and not autocast for dtypes, autocast in seen)
+    seen.clear()
+    cc.profile_workload(TOY, 16, 2, "cpu", "fp32")
+    assert seen and all(dtypes == {torch.float32} and not autocast for dtypes, autocast in seen)
