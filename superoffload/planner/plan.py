@@ -61,6 +61,9 @@ UPLOAD_SLOTS_MIN_GAIN = 0.01  # a deeper ring (more pinned slots) only for a >= 
 # GraceAdam (the paper's kernel, the engine's default, one fused pass) unless another kernel is >= 1 % cheaper
 # per parameter as the engine runs it: a calibration's kernel rates differ by about that between runs
 HOST_OPTIMIZER_MIN_GAIN = 0.01
+# the cast side is chosen at the link rule's bucket, before the bucket, tail and speculation; the plan is made
+# again with the other side when, at the final choices, that side is >= 1 % faster (``_recheck_cast``)
+CAST_MIN_GAIN = 0.01
 
 
 class PlanInfeasible(ValueError):
@@ -294,7 +297,7 @@ def make_plan(shape: ModelShape, seq: int, batch: int, hardware: HardwareProfile
               ranks_per_node: int | None = None, sp: int | None = None, offload_checkpoints: bool | None = None,
               loss_tile: int | None = None, precision: Precision = "bf16", cores_per_rank: float | None = None,
               compute_threads: int | None = None, host_threads: int | None = None,
-              replicate: bool | None = None) -> Plan:
+              replicate: bool | None = None, cast: CastSide | None = None) -> Plan:
     """Choose flow layers, bucket size, device tail, casting and rollback mode for one rank of ``chips``
     ranks: ``chips / sp`` data-parallel groups (each its own micro-batch ``batch``) of ``sp`` Ulysses
     sequence-parallel ranks; each host holds 1/chips of the state. ``precision``: the training precision
@@ -311,15 +314,18 @@ def make_plan(shape: ModelShape, seq: int, batch: int, hardware: HardwareProfile
     whether its work overlaps the compute.
 
     ``replicate``: with several chips, whether every rank keeps the whole optimizer state (engine config
-    ``replicate``); None plans both and keeps the faster (``_choose_replication``)."""
+    ``replicate``); None plans both and keeps the faster (``_choose_replication``).
+
+    ``cast``: the side of both casts (engine config ``grad_cast`` and ``param_cast``); None chooses it
+    (``_choose_cast``, then ``_recheck_cast``)."""
+    def again(rep: bool | None = replicate, side: CastSide | None = cast) -> Plan:
+        return make_plan(shape, seq, batch, hardware, activation_checkpointing=activation_checkpointing,
+                         hbm_budget=hbm_budget, grad_accum=grad_accum, host_optimizer=host_optimizer, chips=chips,
+                         ranks_per_node=ranks_per_node, sp=sp, offload_checkpoints=offload_checkpoints,
+                         loss_tile=loss_tile, precision=precision, cores_per_rank=cores_per_rank,
+                         compute_threads=compute_threads, host_threads=host_threads, replicate=rep, cast=side)
     if replicate is None:
-        def again(rep: bool) -> Plan:
-            return make_plan(shape, seq, batch, hardware, activation_checkpointing=activation_checkpointing,
-                             hbm_budget=hbm_budget, grad_accum=grad_accum, host_optimizer=host_optimizer, chips=chips,
-                             ranks_per_node=ranks_per_node, sp=sp, offload_checkpoints=offload_checkpoints,
-                             loss_tile=loss_tile, precision=precision, cores_per_rank=cores_per_rank,
-                             compute_threads=compute_threads, host_threads=host_threads, replicate=rep)
-        return _choose_replication(again, chips)
+        return _choose_replication(lambda rep: again(rep=rep), chips)
     _check_workload(seq, batch, grad_accum, chips, sp, loss_tile)
     hw = hardware
     named, shape = shape, positions_for(shape, seq)
@@ -359,7 +365,8 @@ def make_plan(shape: ModelShape, seq: int, batch: int, hardware: HardwareProfile
     _flow_alternative(w, hw, opts, budget, flow, alts)
 
     # 4. casting, by the cost model, among the sides host memory allows (each with its upload ring, if any)
-    cast, slots = _choose_cast(w, hw, opts, reasons, alts, fit)
+    forced_cast = cast
+    cast, slots = _choose_cast(w, hw, opts, reasons, alts, fit, forced_cast)
     opts = replace(opts, grad_cast=cast, param_cast=cast, upload_slots=slots)
 
     # 5. device tail buckets: minimise the step under the HBM budget
@@ -452,7 +459,31 @@ def make_plan(shape: ModelShape, seq: int, batch: int, hardware: HardwareProfile
                                                    "loss_tile": loss_tile, "host_optimizer": host_optimizer})
     reasons.extend(f"Off: {o['technique']}: {o['reason']}. To turn it on: {o['force']}."
                    for key, o in plan.off.items() if key != "speculation")  # speculation's own line says it
-    return plan
+    return plan if forced_cast is not None else _recheck_cast(plan, lambda side: again(side=side))
+
+
+def _recheck_cast(plan: Plan, plan_with: Callable[[CastSide], Plan]) -> Plan:
+    """The cast side was chosen at the link rule's bucket, before the bucket, tail and speculation were; where
+    at the plan's final choices the other side is >= CAST_MIN_GAIN faster (``Plan.alternatives``, priced on
+    the final plan), the plan is made again with that side (its own bucket, tail and speculation) and the
+    faster of the two kept, in tokens/s per chip. (On the 2-core Xeon, gpt-small bf16 at two ranks: device
+    casts won at the first, small bucket, where many bf16 reductions cost more; host casts were 12 % faster at
+    the bucket the plan went on to choose.)"""
+    alt = plan.alternatives.get("cast")
+    if (not alt or alt["runner_up_step_s"] is None
+            or alt["runner_up_step_s"] >= alt["step_s"] * (1 - CAST_MIN_GAIN)):
+        return plan
+    other = plan_with(alt["runner_up"])
+    assert plan.predicted is not None and other.predicted is not None
+    if other.predicted.tokens_per_s * (1 - CAST_MIN_GAIN) <= plan.predicted.tokens_per_s:
+        return plan
+    why = (f"planned again: at the bucket, tail and speculation planned with casts on the {plan.grad_cast}, the "
+           f"{other.grad_cast} side was >= {CAST_MIN_GAIN:.0%} faster; each side planned through, the faster kept")
+    other.alternatives["cast"] = _alternative(other.grad_cast, other.predicted, plan.grad_cast, plan.predicted, why)
+    line = (f"Casting: {other.grad_cast}, {why} (predicted {other.predicted.step_time_s * 1e3:.1f} ms vs "
+            f"{plan.predicted.step_time_s * 1e3:.1f} ms planned with casts on the {plan.grad_cast}).")
+    other.reasons[:] = [line if r.startswith("Casting:") else r for r in other.reasons]
+    return other
 
 
 def _choose_replication(plan_with: Callable[[bool], Plan], chips: int) -> Plan:
@@ -716,10 +747,23 @@ def _staging_cap(budget: float) -> int:
 
 
 def _choose_cast(w: Workload, hw: HardwareProfile, opts: Options, reasons: list[str],
-                 alts: dict[str, dict[str, Any]], fit: Mapping[str, int]) -> tuple[str, int]:
+                 alts: dict[str, dict[str, Any]], fit: Mapping[str, int],
+                 forced: CastSide | None = None) -> tuple[str, int]:
     """Where bf16 <-> fp32 casts run, the same side for gradients and parameters: both are simulated and
     the faster wins (a tie goes to the device), among the sides host memory allows (``fit``: side ->
-    the upload ring it needs, ``_fit_host_memory``). Returns (side, upload_slots)."""
+    the upload ring it needs, ``_fit_host_memory``); ``forced``: that side (make_plan's ``cast``). Returns
+    (side, upload_slots)."""
+    if forced is not None and forced not in fit:
+        raise PlanInfeasible(f"cast={forced!r}: with casts on the {forced} the host buffers do not fit host "
+                             f"memory; leave cast to the planner or cast on the {next(iter(fit))}", memory="host")
+    if forced is not None and opts.precision != "fp32":
+        preds = {c: predict("superoffload", w, hw, replace(opts, grad_cast=c, param_cast=c, upload_slots=fit[c]))
+                 for c in fit}
+        other = next((c for c in preds if c != forced), None)
+        alts["cast"] = _alternative(forced, preds[forced], other, preds.get(other) if other else None,
+                                    "asked for (make_plan's cast)")
+        reasons.append(f"Casting: {forced}: asked for.")
+        return forced, fit[forced]
     if opts.precision == "fp32":
         reasons.append("Casting: none: fp32 weights and gradients move as they are (grad_cast / param_cast "
                        "keep the engine's defaults).")

@@ -3,12 +3,16 @@
 Measured on this machine, same process, for transfer sizes from 1 MB to 1 GB:
 - link bandwidth: H2D and D2H, pinned and pageable host memory (the curve the planner's bucket size
   comes from);
-- gradient path (device -> host), per bucket of low-precision gradients:
-  `device_cast`: cast bf16 -> fp32 on the device, fp32 D2H (4 B/elem on the link), vs
-  `host_cast`: bf16 D2H (2 B/elem), cast to fp32 on the host;
-- parameter path (host -> device), per bucket of fp32 master weights:
-  `host_cast`: cast fp32 -> bf16 on the host (GraceAdam writes this copy in its pass), bf16 H2D, vs
-  `device_cast`: fp32 H2D (4 B/elem), cast on the device.
+- gradient path (device -> host), per bucket of low-precision gradients, as the engine moves them:
+  `device_cast`: cast bf16 -> fp32 on the device into its staging buffer, fp32 D2H (4 B/elem on the link),
+  vs `host_cast`: bf16 D2H (2 B/elem) into the landing buffer, which the host kernel reads as it is (no
+  cast pass: GraceAdam widens it in registers);
+- parameter path (host -> device), per bucket of new weights:
+  `host_cast`: bf16 H2D of the copy GraceAdam wrote in its step pass (no cast pass), vs
+  `device_cast`: fp32 H2D (4 B/elem) into a device staging buffer, cast on the device.
+The casts the `host_cast` policy folds into the host kernel cost its pass 2 B/elem less to read (gradients)
+and 2 more to write (weights); `bench adam` measures the kernel. Until 2026-12-05 both `host_cast` rows
+timed a separate host cast the engine does not run.
 Without CUDA the "device" is the CPU: transfers are memcpys between host buffers and pinned memory
 does not exist (recorded as such); the numbers then describe the host, not a link.
 The output is one JSON file following superoffload/harness/cast_bench.schema.json, validated before it
@@ -74,22 +78,21 @@ def _measure_size(dev: Device, n: int, repeats: int, lowp: torch.dtype) -> tuple
                          "median_s": s["median_s"], "iqr_s": s["iqr_s"], "gbps": n * 4 / s["median_s"] / 1e9})
     host_f32 = dev.empty_host(n, torch.float32)
     host_lp = dev.empty_host(n, lowp)
-    host_f32_out = torch.empty(n)
+    dev_stage = torch.empty(n, device=d)  # the engine's fp32 staging buffer on the device
 
     def grad_device_cast() -> None:
-        host_f32.copy_(dev_lp.float(), non_blocking=True)
+        dev_stage.copy_(dev_lp)  # the cast, on the device
+        host_f32.copy_(dev_stage, non_blocking=True)
 
     def grad_host_cast() -> None:
-        host_lp.copy_(dev_lp, non_blocking=True)
-        dev.synchronize()  # the host cast needs the bytes to have landed
-        host_f32_out.copy_(host_lp)
+        host_lp.copy_(dev_lp, non_blocking=True)  # the host kernel reads these bf16 bytes as they land
 
     def param_host_cast() -> None:
-        host_lp.copy_(host_f32)
-        dev_lp.copy_(host_lp, non_blocking=True)
+        dev_lp.copy_(host_lp, non_blocking=True)  # GraceAdam wrote host_lp in its step pass
 
     def param_device_cast() -> None:
-        dev_lp.copy_(host_f32, non_blocking=True)  # fp32 over the link, cast on the device
+        dev_stage.copy_(host_f32, non_blocking=True)  # fp32 over the link
+        dev_lp.copy_(dev_stage)  # the cast, on the device
 
     paths = []
     for path, variants in (("grad", {"device_cast": grad_device_cast, "host_cast": grad_host_cast}),
