@@ -473,7 +473,10 @@ def _recheck_cast(plan: Plan, plan_with: Callable[[CastSide], Plan]) -> Plan:
     if (not alt or alt["runner_up_step_s"] is None
             or alt["runner_up_step_s"] >= alt["step_s"] * (1 - CAST_MIN_GAIN)):
         return plan
-    other = plan_with(alt["runner_up"])
+    try:
+        other = plan_with(alt["runner_up"])
+    except PlanInfeasible:  # the other side's own bucket, tail or long-sequence pieces do not fit: keep this one
+        return plan
     assert plan.predicted is not None and other.predicted is not None
     if other.predicted.tokens_per_s * (1 - CAST_MIN_GAIN) <= plan.predicted.tokens_per_s:
         return plan

@@ -177,3 +177,16 @@ def test_the_cast_side_is_planned_again_when_the_final_choices_favour_the_other(
     assert other.step_time_s >= plan.predicted.step_time_s * (1 - CAST_MIN_GAIN)
     # a side asked for is kept, and named as asked for
     assert device.grad_cast == "device" and device.alternatives["cast"]["why"] == "asked for (make_plan's cast)"
+
+
+def test_a_cast_side_that_cannot_be_planned_again_keeps_the_first_plan() -> None:
+    from superoffload.planner.plan import PlanInfeasible, _recheck_cast
+
+    hw, shape = _slow_small_bf16_reductions(), get_shape("gpt-small")
+    first = make_plan(shape, 128, 2, hw, activation_checkpointing=False, chips=2, precision="bf16", cast="device")
+    first.alternatives["cast"]["runner_up_step_s"] = first.predicted.step_time_s / 2  # the other side looks faster
+
+    def infeasible(side: str) -> Plan:
+        raise PlanInfeasible(f"cast={side!r} does not fit", memory="host")
+
+    assert _recheck_cast(first, infeasible) is first
