@@ -390,8 +390,8 @@ def _grace_adam_rate(n: int) -> dict[str, float]:
 def _cast_gbps(device: str, elems: int, sync: Callable[[], None]) -> float:
     """bf16 <-> fp32 cast traffic, both directions, into buffers that already exist, as the engine casts (into
     its landing, staging and upload buffers). Not ``x.float()``: on the CPU each call would map and first-touch
-    a fresh output above the allocator's cache, and the page faults dominated (3.8 GB/s for a 42 MB output
-    where the copy into an existing one ran at 23 on the 2-core Xeon the project is tested on)."""
+    a fresh output above the allocator's cache, and the page faults dominated (benchmarks/host_cast_costs.py:
+    2.9x the copy into an existing buffer on the 2-core Xeon the project is tested on)."""
     wide = torch.randn(elems, device=device)
     narrow = wide.to(torch.bfloat16)
     out_wide, out_narrow = torch.empty_like(wide), torch.empty_like(narrow)

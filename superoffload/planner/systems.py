@@ -54,8 +54,8 @@ UNFUSED_SPEC_COPY = 24.0
 # reads bf16/fp16 gradients and widens them in registers, the unfused kernels' `grad.float()` is their gradient
 # copy (UNFUSED_GRAD_COPY) with a 2-byte read. Either way every pass that reads the gradient (the step, the
 # deferred commit) reads 2 B/param less than an fp32 gradient's 4, and nothing more is charged
-# (superoffload/engine/host_adam.py; measured on gpt-small's 10.5M-param shard, one thread: 1.06 ns/param with
-# bf16 gradients, 1.22 with fp32).
+# (superoffload/engine/host_adam.py; benchmarks/host_cast_costs.py on gpt-small's 10.5M-param shard, one thread: the
+# step with bf16 gradients took 0.71x the time of the step with fp32 ones, 0.78x with the bf16 weight copy too).
 LOWP_GRAD_READ_SAVING = 2.0
 
 DEEPSPEED_REDUCE_BUCKET = 500_000_000  # DeepSpeed default reduce_bucket_size (elements)
