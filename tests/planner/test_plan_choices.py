@@ -190,3 +190,14 @@ def test_a_cast_side_that_cannot_be_planned_again_keeps_the_first_plan() -> None
         raise PlanInfeasible(f"cast={side!r} does not fit", memory="host")
 
     assert _recheck_cast(first, infeasible) is first
+
+
+def test_a_cast_side_asked_for_that_does_not_fit_host_memory_says_what_to_change() -> None:
+    """gpt-30b on one GH200: only bf16 gradients landing (casts on the host) fit host memory."""
+    from superoffload.planner.plan import PlanInfeasible
+
+    shape, hw = get_shape("gpt-30b"), get_profile("gh200")
+    assert make_plan(shape, 1024, 1, hw).grad_cast == "host"
+    with pytest.raises(PlanInfeasible, match="cast='device'.*do not fit host memory.*cast on the host") as e:
+        make_plan(shape, 1024, 1, hw, cast="device")
+    assert e.value.memory == "host"
