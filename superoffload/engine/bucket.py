@@ -129,6 +129,7 @@ class Bucket:
         self.host = host
         self.tail = tail
         self.on_device = layout.on_device
+        self._flat_views: dict[int, list[torch.Tensor]] = {}  # flat_views' cache, by buffer address
         self.flowed = layout.flow_block is not None
         self.flat_ready = dev.new_event()  # side stream: flattened (reduced) and normed
         self.d2h_event = dev.new_event()  # landing (and norm_host) hold this step's gradient shard
@@ -176,6 +177,17 @@ class Bucket:
     @property
     def shard_numel(self) -> int:
         return self.hi - self.lo
+
+    def flat_views(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        """`flat`'s piece views in slot order (the flatten's destinations), a whole parameter's in its
+        shape so its gradient copies in as it is; cached per buffer (a staging slot or the landing
+        buffer, each allocated once), since building them was a fifth of a small model's launch."""
+        views = self._flat_views.get(flat.data_ptr())
+        if views is None:
+            parts = flat[: self.layout.numel].split([pc.numel for pc in self.slots])
+            views = [v.view(pc.tensor.shape) if pc.whole else v for pc, v in zip(self.slots, parts, strict=True)]
+            self._flat_views[flat.data_ptr()] = views
+        return views
 
     def home_shard(self) -> torch.Tensor:
         return self.home if self.flowed else self.home[self.lo: self.hi]

@@ -696,12 +696,19 @@ class SuperOffloadEngine(DeepSpeedNames):
             for pc in resent:
                 if (o := pc.overlap(b.lo, b.hi)) is not None:
                     prev[o[0] - b.lo: o[1] - b.lo].zero_()
-            for pc in b.slots:
-                view = flat[pc.offset: pc.offset + pc.numel]
+            # one foreach call each over cached views, not a copy (and two view ops) per parameter
+            copies: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])
+            absent: list[torch.Tensor] = []
+            for pc, view in zip(b.slots, b.flat_views(flat), strict=True):
                 if pc.index in fresh:
-                    view.copy_(pc.grad_view())  # the copy into fp32 staging is the device cast
+                    copies[0].append(view)
+                    copies[1].append(pc.param.grad if pc.whole else pc.grad_view())
                 else:
-                    view.zero_()
+                    absent.append(view)
+            if copies[0]:
+                torch._foreach_copy_(*copies)  # the copy into fp32 staging is the device cast
+            if absent:
+                torch._foreach_zero_(absent)
             flat[b.layout.numel:].zero_()
             work = comm.reduce_scatter(shard, flat)
         for pc, g in grads:  # autograd's gradient is consumed: its memory returns once the side stream is done
