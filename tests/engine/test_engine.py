@@ -204,29 +204,6 @@ def test_worker_failure_surfaces_in_training_thread(monkeypatch):
         engine.synchronize()
 
 
-def test_gradient_norm_runs_on_the_compute_threads(monkeypatch):
-    """The bucket norm runs on the training thread, so on torch's thread count (the cores the run gives
-    its compute), not grace_adam's default of every core: with one compute thread, one thread."""
-    import grace_adam
-
-    calls = []
-    real = grace_adam.grad_stats
-
-    def spy(grad, grad_scale=1.0, threads=None):
-        calls.append(threads)
-        return real(grad, grad_scale, threads)
-
-    monkeypatch.setattr(grace_adam, "grad_stats", spy)
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        engine, _ = train_engine(make_model(), {"optimizer": OPT, "bucket_size": 30_000}, 2, batches())
-        engine.close()
-    finally:
-        torch.set_num_threads(before)
-    assert calls and set(calls) == {1}
-
-
 @pytest.mark.parametrize("cfg,msg", [
     ({"bucket_sise": 10}, "unknown config key.*bucket_sise"),
     ({"optimizer": {"lr": -1}}, "optimizer.lr must be >= 0"),
