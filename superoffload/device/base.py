@@ -129,14 +129,18 @@ class Device:
         """The engine drops its reference to a buffer from `empty`."""
         self.ledger.free(category, _nbytes(t))
 
-    def adopt_grad(self, grad: torch.Tensor) -> None:
-        """A gradient autograd produced (on the current stream) is now held by the engine's parameter."""
-        self.ledger.alloc("grads", _nbytes(grad))
+    def adopt_grads(self, grads: Sequence[torch.Tensor]) -> None:
+        """Gradients autograd produced (on the current stream) are now held by the engine's parameters.
+        A list per bucket launch, not a call per gradient: the launch runs once per bucket on the training
+        thread, and per-gradient calls were a measurable part of it."""
+        if grads:
+            self.ledger.alloc("grads", sum(_nbytes(g) for g in grads))
 
-    def release_grad(self, grad: torch.Tensor, read_on: Sequence[Any], point: str = "") -> None:
-        """The engine drops a gradient that streams in `read_on` may still read: the allocator must not
-        hand its memory to new work before they are done (CUDA: record_stream)."""
-        self.ledger.free("grads", _nbytes(grad))
+    def release_grads(self, grads: Sequence[torch.Tensor], read_on: Sequence[Any], point: str = "") -> None:
+        """The engine drops gradients that streams in `read_on` may still read: the allocator must not
+        hand their memory to new work before they are done (CUDA: record_stream)."""
+        if grads:
+            self.ledger.free("grads", sum(_nbytes(g) for g in grads))
 
     def storage_alloc(self, t: torch.Tensor, category: str) -> None:
         """`t`'s storage was (re)allocated on the current stream (weight flow's resize_)."""

@@ -106,10 +106,11 @@ class CudaDevice(Device):
             torch.cuda.set_sync_debug_mode(old)
 
     # --- memory ------------------------------------------------------------------------------------
-    def release_grad(self, grad: torch.Tensor, read_on: Sequence[Any], point: str = "") -> None:
-        for s in read_on:
-            grad.record_stream(s)
-        super().release_grad(grad, read_on, point)
+    def release_grads(self, grads: Sequence[torch.Tensor], read_on: Sequence[Any], point: str = "") -> None:
+        for grad in grads:
+            for s in read_on:
+                grad.record_stream(s)
+        super().release_grads(grads, read_on, point)
 
     def host_buffer(self, nbytes: int, pinned: bool, category: str) -> torch.Tensor:
         if not pinned:

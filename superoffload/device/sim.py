@@ -327,25 +327,27 @@ class SimDevice(Device):
         if t.numel():
             self.hb.free(t.untyped_storage().data_ptr(), on=self._current())
 
-    def adopt_grad(self, grad: torch.Tensor) -> None:
-        base = grad.untyped_storage().data_ptr()
-        with self._alloc_lock:
-            entry = self._allocs.get(base)
-            if entry is not None and entry[2] != "grads":
-                self.ledger.move(entry[2], "grads", entry[0])
-                entry[2] = "grads"
-        if self.hb.kind_of(base) is None and grad.numel():
-            self.hb.register(base, grad.untyped_storage().nbytes(), "device", "gradient")
-            # autograd accumulated it on the current (compute) stream before the hook ran
-            s, e = storage_span(grad)[1:]
-            self.hb.launch(self._current())
-            self.hb.access(self._current(), base, s, e, True, "gradient accumulation")
+    def adopt_grads(self, grads: Sequence[torch.Tensor]) -> None:
+        for grad in grads:
+            base = grad.untyped_storage().data_ptr()
+            with self._alloc_lock:
+                entry = self._allocs.get(base)
+                if entry is not None and entry[2] != "grads":
+                    self.ledger.move(entry[2], "grads", entry[0])
+                    entry[2] = "grads"
+            if self.hb.kind_of(base) is None and grad.numel():
+                self.hb.register(base, grad.untyped_storage().nbytes(), "device", "gradient")
+                # autograd accumulated it on the current (compute) stream before the hook ran
+                s, e = storage_span(grad)[1:]
+                self.hb.launch(self._current())
+                self.hb.access(self._current(), base, s, e, True, "gradient accumulation")
 
-    def release_grad(self, grad: torch.Tensor, read_on: Sequence[Any], point: str = "") -> None:
+    def release_grads(self, grads: Sequence[torch.Tensor], read_on: Sequence[Any], point: str = "") -> None:
         # the ledger entry ends when the storage's last tensor dies (the finalizer), not here
         safe = tuple(read_on) if not point or self._enabled(point) else ()
-        if grad.numel():
-            self.hb.free(grad.untyped_storage().data_ptr(), on=self._current(), safe_streams=safe)
+        for grad in grads:
+            if grad.numel():
+                self.hb.free(grad.untyped_storage().data_ptr(), on=self._current(), safe_streams=safe)
 
     def storage_alloc(self, t: torch.Tensor, category: str) -> None:
         self.ledger.alloc(category, _nbytes(t))

@@ -149,6 +149,12 @@ class Bucket:
         self.spec = Speculation()
         self.present: list[bool] = [False] * len(layout.slots)
         self._present_idx: set[int] = set()
+        # per slot, what every launch reads (read once here: through the pieces' properties they were a
+        # measurable part of a launch, which runs on the training thread)
+        self.slot_params = [pc.param for pc in layout.slots]
+        self.slot_index = [pc.index for pc in layout.slots]
+        self.slot_whole = [pc.whole for pc in layout.slots]
+        self.slot_last = [pc.last for pc in layout.slots]
         self.launched = False
         self.ready = 0
         # parameters whose gradient this bucket's last launch read and kept (a split parameter's later
@@ -234,20 +240,22 @@ class Bucket:
 
         self.ctx.worker.submit(run, f"bucket {self.index}: {label}")
 
-    def mark_present(self, keep: bool = False) -> set[int]:
-        """The slots whose parameter holds a gradient now (returned); `keep`: those that had one at an
-        earlier launch in this step stay present (their part is already in the reduced shard)."""
-        fresh = {s.index for s in self.slots if s.param.grad is not None}
-        self.present = [s.index in fresh or (keep and was) for s, was in zip(self.slots, self.present, strict=True)]
-        self._present_idx = {s.index for s, p in zip(self.slots, self.present, strict=True) if p}
+    def mark_present(self, keep: bool = False) -> list[bool]:
+        """Per slot, whether its parameter holds a gradient now (returned); `keep`: those that had one at
+        an earlier launch in this step stay present (their part is already in the reduced shard)."""
+        fresh = [p.grad is not None for p in self.slot_params]
+        self.present = [f or was for f, was in zip(fresh, self.present, strict=True)] if keep else fresh
+        self._present_idx = {i for i, p in zip(self.slot_index, self.present, strict=True) if p}
         return fresh
 
-    def present_slots(self) -> list[ParamSlot]:
-        return [s for s, p in zip(self.slots, self.present, strict=True) if p]
+    @property
+    def present_indices(self) -> set[int]:
+        """The parameters (indices) present in this step's launches."""
+        return self._present_idx
 
     def steps_snapshot(self, steps: list[int]) -> dict[int, int]:
         """Step counts of this bucket's parameters when a task is queued (the worker runs later)."""
-        return {s.index: steps[s.index] for s in self.slots}
+        return {i: steps[i] for i in self.slot_index}
 
     # --- the host kernel over this rank's shard of the present parameters --------------------------
     def _state(self) -> list[torch.Tensor]:
@@ -272,10 +280,11 @@ class Bucket:
         assert h is not None
         lo, hi = self.lo, self.hi
         state = self._state()
+        absent = not all(self.present)
         if out_of_place:
             assert h.spare is not None and not commit
             # parameters without a gradient are not stepped; the spare set must still hold their state
-            for s in self.slots:
+            for s in self.slots if absent else ():
                 a, b = max(s.offset, lo) - lo, min(s.offset + s.numel, hi) - lo
                 if s.index not in self._present_idx and a < b:
                     for dst, src in zip(h.spare, state, strict=True):
@@ -283,7 +292,7 @@ class Bucket:
         if out is not None:
             # a shard's return is one copy of the whole shard: parameters not stepped now must hold
             # their current weights there too (which the master always casts to exactly)
-            for s in self.slots:
+            for s in self.slots if absent else ():
                 a, b = max(s.offset, lo) - lo, min(s.offset + s.numel, hi) - lo
                 if s.index not in self._present_idx and a < b:
                     out[a:b].copy_(h.master[a:b])

@@ -188,6 +188,7 @@ class SuperOffloadEngine(DeepSpeedNames):
         self.last_clip_coef = 1.0
         self.layout_measured = False
         self.buckets: list[Bucket] = []
+        self._buckets_of: list[list[Bucket]] = []  # per parameter, the buckets its gradient launches in
         self._module_buckets: dict[nn.Module, list[Bucket]] = {}
         self._bucket_of: dict[int, Bucket] = {}  # id(piece) -> the bucket holding it
         self._grad_gen = [0] * len(self.slots)  # bumped when a parameter's gradient is released (_launch)
@@ -237,6 +238,7 @@ class SuperOffloadEngine(DeepSpeedNames):
         self._bucket_of.update({id(pc): b for b in new for pc in b.slots})
         created.update({id(b.layout): b for b in new})
         self.buckets = [created[id(lay)] for lay in layouts]
+        self._buckets_of = [[self.buckets[k] for k in s.buckets] for s in self.slots]
         self.order, self.layout_measured = order, True
         self.norms = BucketNorms(self.backend, len(self.buckets), self.comm.world if self.comm.replicate else 1)
         self.ring = self.builder.staging_ring(self.buckets)
@@ -401,7 +403,8 @@ class SuperOffloadEngine(DeepSpeedNames):
             for s in self.slots:
                 g = s.param.grad
                 if g is not None:
-                    self.backend.release_grad(g, read_on=(self.side_stream,))
+                    if s.index in self._adopted:  # a gradient no launch took was never counted
+                        self.backend.release_grads([g], read_on=(self.side_stream,))
                     s.param.grad = None
                     self._grad_gen[s.index] += 1
             self._adopted.clear()
@@ -604,8 +607,8 @@ class SuperOffloadEngine(DeepSpeedNames):
         """Parameter `idx` holds its last gradient of the step (so does each of its pieces, in one or
         several buckets): launch every bucket that is complete, in bucket order (identical on every rank
         whatever order gradients arrive in)."""
-        for k in self.slots[idx].buckets:
-            self.buckets[k].ready += 1
+        for b in self._buckets_of[idx]:
+            b.ready += 1
         while self.step_state.next_launch < len(self.buckets):
             nxt = self.buckets[self.step_state.next_launch]
             if nxt.ready < len(nxt.slots):
@@ -674,13 +677,14 @@ class SuperOffloadEngine(DeepSpeedNames):
             self.worker.wait_event(b.idle)  # last step's tasks still read this bucket's landing buffer
             self.counters.add(launch_wait_s=time.perf_counter() - t0)
             t0 = time.perf_counter()
-        fresh = b.mark_present(keep=carry)
+        # the slots whose parameter holds a gradient now, and those gradients (per-slot facts read from
+        # the bucket's lists: this runs once per bucket on the training thread)
+        held = [i for i, f in enumerate(b.mark_present(keep=carry)) if f]
         b.launched = True
-        grads = [(pc, pc.param.grad) for pc in b.slots if pc.index in fresh]
-        for pc, g in grads:
-            if pc.index not in self._adopted:  # a split parameter's gradient is taken once, by its first piece
-                dev.adopt_grad(g)
-                self._adopted.add(pc.index)
+        index, grads = b.slot_index, [b.slot_params[i].grad for i in held]
+        adopted = self._adopted  # a split parameter's gradient is taken once, by its first piece
+        dev.adopt_grads([g for i, g in zip(held, grads, strict=True) if index[i] not in adopted])
+        adopted.update([index[i] for i in held])
         # carried pieces of a split parameter whose gradient was kept (its later pieces had not launched):
         # the gradient still holds what landed then, plus the new passes', so it replaces the carried part
         resent = [pc for pc in b.slots if b.kept.get(pc.index) == self._grad_gen[pc.index]] if carry else []
@@ -696,29 +700,30 @@ class SuperOffloadEngine(DeepSpeedNames):
             for pc in resent:
                 if (o := pc.overlap(b.lo, b.hi)) is not None:
                     prev[o[0] - b.lo: o[1] - b.lo].zero_()
-            # one foreach call each over cached views, not a copy (and two view ops) per parameter
-            copies: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])
-            absent: list[torch.Tensor] = []
-            for pc, view in zip(b.slots, b.flat_views(flat), strict=True):
-                if pc.index in fresh:
-                    copies[0].append(view)
-                    copies[1].append(pc.param.grad if pc.whole else pc.grad_view())
-                else:
-                    absent.append(view)
-            if copies[0]:
-                torch._foreach_copy_(*copies)  # the copy into fp32 staging is the device cast
-            if absent:
-                torch._foreach_zero_(absent)
+            # one foreach call each over cached views, not a copy (and two view ops) per parameter; a
+            # whole parameter's gradient copies in its own shape
+            views = b.flat_views(flat)
+            if held:  # the copy into fp32 staging is the device cast
+                src = [g if b.slot_whole[i] else b.slots[i].grad_view() for i, g in zip(held, grads, strict=True)]
+                torch._foreach_copy_([views[i] for i in held], src)
+            if len(held) < len(views):
+                has = set(held)
+                torch._foreach_zero_([v for i, v in enumerate(views) if i not in has])
             flat[b.layout.numel:].zero_()
             work = comm.reduce_scatter(shard, flat)
-        for pc, g in grads:  # autograd's gradient is consumed: its memory returns once the side stream is done
-            if not pc.last:  # a split parameter's later pieces, in later buckets, still read it
-                b.kept[pc.index] = self._grad_gen[pc.index]
-                continue
-            dev.release_grad(g, read_on=(side,), point="launch: gradients freed after the side stream")
-            pc.param.grad = None
-            self._adopted.discard(pc.index)
-            self._grad_gen[pc.index] += 1
+        # autograd's gradients are consumed: their memory returns once the side stream is done; a split
+        # parameter's gradient is kept while its later pieces, in later buckets, still read it
+        done = [k for k, i in enumerate(held) if b.slot_last[i]]
+        if len(done) < len(held):
+            b.kept = {index[i]: self._grad_gen[index[i]] for i in held if not b.slot_last[i]}
+        dev.release_grads([grads[k] for k in done], read_on=(side,),
+                          point="launch: gradients freed after the side stream")
+        gen = self._grad_gen
+        for k in done:
+            i = held[k]
+            b.slot_params[i].grad = None
+            gen[index[i]] += 1
+        adopted.difference_update([index[held[k]] for k in done])
         launch = InFlight(b, work, shard, slot, prev)
         self.counters.add(grad_launch_s=time.perf_counter() - t0 - nested)
         if work is not None and dev.host_waits_for_collectives:
@@ -878,7 +883,7 @@ class SuperOffloadEngine(DeepSpeedNames):
             b.submit(b.commit_state, "commit pass")
         if not skip:
             self._step_device_buckets(scale, hps)
-            for i in {pc.index for b in self.buckets for pc in b.present_slots()}:  # once per split parameter
+            for i in set().union(*(b.present_indices for b in self.buckets)):  # once per split parameter
                 self.steps[i] += 1
         self._note_nonfinite(skip)
         self.loss_scale.update(found_nonfinite=not finite)
@@ -935,7 +940,7 @@ class SuperOffloadEngine(DeepSpeedNames):
         tails = [b for b in self.buckets if b.tail is not None]
         slices: dict[tuple[int, int], list[tuple[dict[str, torch.Tensor], slice]]] = {}
         for b in tails:
-            present = {s.index for s in b.present_slots()}
+            present = b.present_indices
             for start, end, members in runs(b.slots, lambda s, present=present: (
                     (s.group, self.steps[s.index]) if s.index in present else None), b.lo, b.hi):
                 key = (members[0].group, self.steps[members[0].index])

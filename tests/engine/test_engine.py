@@ -298,3 +298,24 @@ def test_host_optimizer_validation():
         superoffload.initialize(make_model(), {"host_optimizer": "adagrad"})
     with pytest.raises(ConfigError, match="amsgrad needs host_optimizer 'grace'"):
         superoffload.initialize(make_model(), {"host_optimizer": "torch", "optimizer": {"amsgrad": True}})
+
+
+def test_zero_grad_mid_window_counts_off_only_the_gradients_the_engine_took():
+    """A window dropped by zero_grad() before its last micro-batch holds gradients no launch took: they
+    were never counted as the engine's, so dropping them must not count them off (the ledger's live
+    gradient bytes read negative, by a model's worth per dropped window, before)."""
+    data = batches(accum=2)
+    engine = superoffload.initialize(make_model(), {"optimizer": OPT, "grad_accum": 2, "bucket_size": 40_000})
+    ledger = engine.backend.ledger
+    for i in range(2):
+        b = data.batch_at(i)
+        engine.backward(engine(b.inputs[0], b.targets[0]))  # the window's first micro-batch: nothing launches
+        assert ledger.live["grads"] == 0
+        engine.zero_grad()
+        assert ledger.live["grads"] == 0
+        for x, y in zip(b.inputs, b.targets, strict=True):  # a whole window: launched, counted, released
+            engine.backward(engine(x, y))
+        engine.step()
+        engine.zero_grad()
+        assert ledger.live["grads"] == 0 and ledger.peak_by_category["grads"] > 0
+    engine.close()
