@@ -46,6 +46,14 @@ def git_commit(repo: Path | None = None) -> tuple[str | None, bool | None]:
         return None, None
 
 
+def _grace_adam_path() -> str | None:
+    try:
+        import grace_adam
+    except ImportError:
+        return None
+    return grace_adam.isa()
+
+
 @functools.lru_cache(maxsize=1)
 def collect(device_name: str = "cpu") -> dict[str, Any]:
     import torch
@@ -73,6 +81,10 @@ def collect(device_name: str = "cpu") -> dict[str, Any]:
         "deepspeed": dist_version("deepspeed"),
         "transformers": dist_version("transformers"),
         "superoffload": dist_version("superoffload"),
+        # the host Adam's code path: an ISA of the native kernel, or "torch" when it is not built (a
+        # checkout without `python -m grace_adam.build` runs the pure-torch fallback, several times slower,
+        # with only an import warning to say so)
+        "grace_adam": _grace_adam_path(),
         "git_commit": commit,
         "git_dirty": dirty,
         "hostname_hash": hashlib.sha256(socket.gethostname().encode()).hexdigest()[:12],

@@ -7,6 +7,7 @@ import sys
 import pytest
 import torch
 
+import grace_adam
 from superoffload.cli.main import main as cli_main
 from superoffload.harness import record
 from superoffload.harness.runner import run_benchmark, validate_run
@@ -34,6 +35,7 @@ def test_torch_run_record_is_valid_and_excludes_warmup():
     assert tp["tokens_per_s"] == pytest.approx(2 * 32 / rec["timing"]["median_s"])
     assert 0 < tp["mfu"] <= tp["hfu"]
     assert rec["provenance"]["torch"] == torch.__version__
+    assert rec["provenance"]["grace_adam"] == grace_adam.isa()  # "torch" when the native kernel is not built
     assert rec["losses"][-1] < rec["losses"][0]  # it trains
 
 
