@@ -369,6 +369,7 @@ def build_context(results: dict, figure_files: dict[str, Path]) -> dict[str, Any
     figures = figure_items(results, figure_files)
     prov = results["provenance"]
     summary = summary_table(rows)
+    peer_rows = H.peers(results, rows, multi, pc_rows)
     sections = {
         "runs": len(summary.rows) <= OPEN_ROWS,
         "ranks": len(multi) <= OPEN_ROWS,
@@ -393,7 +394,8 @@ def build_context(results: dict, figure_files: dict[str, Path]) -> dict[str, Any
                      "arch": hw.get("arch", "unknown"), "detail": hw.get("detail", "")},
         "is_gh200": is_gh200,
         "headline": {
-            "peers": T.build(H.peers(results, rows, multi, pc_rows), PEER_COLUMNS),
+            "peers": T.build(peer_rows, PEER_COLUMNS),
+            "loaded_note": H.loaded_note(peer_rows),
             "largest": _largest(results),
             "claims": T.build(claim_rows, CLAIM_COLUMNS, keep_empty_rows=True),
             "sources": H.sources(results, pc_rows, is_gh200, device),

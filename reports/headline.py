@@ -78,13 +78,25 @@ def _spread_text(s: dict[str, Any], unit: str) -> str:
 
 
 # --- SuperOffload against each peer ------------------------------------------------------------------------
+# The marker of a measured ratio with a run flagged `loaded` behind it (superoffload/harness/noise.py: other
+# processes used more than a quarter of the CPUs while it ran); the headline's note below the table explains it
+LOADED_MARK = "†"
+
+
+def loaded(row: dict[str, Any]) -> bool:
+    """Whether a summary row's run was measured on a loaded machine (its record's noise flag `loaded`)."""
+    return "loaded" in str(row.get("noise_flags") or "").split(", ")
+
+
 def _measured_pairs(rows: list[dict[str, Any]], key: tuple[str, ...]) -> dict[str, dict[str, Any]]:
-    """peer -> {ratios: SuperOffload tokens/s over the peer's at the same point (both ok), only_ours: points
-    where only SuperOffload ran ok, only_peer}."""
+    """peer -> {ratios: SuperOffload tokens/s over the peer's at the same point (both ok), loaded: how many of
+    those ratios have a run flagged `loaded` on either side, only_ours: points where only SuperOffload ran ok,
+    only_peer}."""
     by: dict[tuple, dict[str, dict[str, Any]]] = defaultdict(dict)
     for r in rows:
         by[tuple(r.get(k) for k in key)][r["system"]] = r
-    out: dict[str, dict[str, Any]] = defaultdict(lambda: {"ratios": [], "only_ours": 0, "only_peer": 0})
+    out: dict[str, dict[str, Any]] = defaultdict(lambda: {"ratios": [], "loaded": 0, "only_ours": 0,
+                                                          "only_peer": 0})
     for point in by.values():
         ours = point.get(OURS)
         if ours is None:
@@ -95,6 +107,7 @@ def _measured_pairs(rows: list[dict[str, Any]], key: tuple[str, ...]) -> dict[st
             ok_ours, ok_peer = bool(ours["tokens_per_s"]), bool(r["tokens_per_s"])
             if ok_ours and ok_peer:
                 out[system]["ratios"].append(ours["tokens_per_s"] / r["tokens_per_s"])
+                out[system]["loaded"] += loaded(ours) or loaded(r)
             elif ok_ours:
                 out[system]["only_ours"] += 1
             elif ok_peer:
@@ -153,6 +166,9 @@ def _pair_text(p: dict[str, Any] | None, unit: str, verb: str = "fits") -> str:
     if not p:
         return ""
     parts = [_spread_text(_spread(p["ratios"]), unit)] if p["ratios"] else []
+    if p.get("loaded"):  # measured ratios only: a prediction has no load
+        n = len(p["ratios"])
+        parts[0] += f" {LOADED_MARK} " + ("loaded" if p["loaded"] == n else f"{p['loaded']} of {n} loaded")
     if p["only_ours"]:
         parts.append(f"{p['only_ours']} {unit}{'s' if p['only_ours'] > 1 else ''} only SuperOffload {verb}")
     if p["only_peer"]:
@@ -188,6 +204,16 @@ def peers(results: dict[str, Any], single: list[dict[str, Any]], multi: list[dic
             "pred_12": _pair_text(p12.get(system), "point"),
         })
     return rows
+
+
+def loaded_note(peer_rows: list[dict[str, Any]]) -> str:
+    """The one line under the peer table when a measured ratio carries the marker; "" when none does."""
+    marked = [c for r in peer_rows for k, c in r.items() if k.startswith("measured") and LOADED_MARK in c]
+    if not marked:
+        return ""
+    return (f"{LOADED_MARK} Measured on a loaded machine: behind each ratio so marked is at least one run during "
+            "which other processes used more than a quarter of the CPUs (its record's noise flag loaded), so it "
+            "measures that load as much as the code; rerun those points on a quiet machine before quoting them.")
 
 
 # --- the largest model -------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+from html import unescape
 from pathlib import Path
 
 import pytest
@@ -171,3 +172,28 @@ def test_points_that_do_not_fit_say_which_memory():
     (only,) = binding.does_not_fit(rows)
     assert only["point"] == "gpt-25b torch" and only["binding"]["memory"] == "device"
     assert only["binding"]["need_bytes"] > only["binding"]["capacity_bytes"]
+
+
+def test_ratios_from_a_loaded_machine_are_marked_in_the_headline(results: Path, tmp_path: Path):
+    """A ratio with a run flagged `loaded` behind it carries the marker and the headline says what it means; a
+    ratio of quiet runs does not, and a quiet sweep has no note."""
+    quiet = R.build_context(D.load_results(results), {})
+    assert quiet["headline"]["loaded_note"] == ""
+    assert not any(H.LOADED_MARK in c.text for r in quiet["headline"]["peers"].rows for c in r)
+    rec = _record("superoffload", tps=1500.0)
+    rec["noise"] = {"flags": ["loaded"]}  # as superoffload/harness/noise.py writes it
+    _write(results / "runs/superoffload/gpt-tiny_s128_b2.json", rec)
+    torch = _record("torch", seq=256, tps=800.0)
+    torch["noise"] = {"flags": ["spread"]}  # noisy, but not loaded: no marker of its own
+    _write(results / "runs/torch/gpt-tiny_s256_b2.json", torch)
+    ctx = R.build_context(D.load_results(results), {})
+    peers = {r[0].text: [c.text for c in r] for r in ctx["headline"]["peers"].rows}
+    # seq 128: 1500 / 500 with ours loaded; seq 256: 900 / 800, both not loaded
+    assert peers["ZeRO-Offload"][1] == "3.00x (1 point) † loaded; 1 point only SuperOffload ran ok"
+    assert peers["PyTorch, no offload"][1] == "1.31x (1.12x–1.50x, 2 points) † 1 of 2 loaded"
+    assert H.LOADED_MARK not in peers["ZeRO-Offload"][2]  # the predicted column: no load to speak of
+    note = ctx["headline"]["loaded_note"]
+    assert note.startswith("† Measured on a loaded machine") and "quiet machine" in note
+    page = R.render_html(results, tmp_path / "no-figures", tmp_path / "report.html").read_text()
+    head = unescape(page[page.index('id="headline"'):page.index('id="runs"')])
+    assert "3.00x (1 point) † loaded" in head and note in head
