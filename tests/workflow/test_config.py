@@ -32,22 +32,23 @@ def test_unknown_sweep_is_named(results_dir):
 
 
 def test_schema_rejects_unknown_system_and_fills_defaults(tmp_path):
-    from snakemake.exceptions import WorkflowError
-    from snakemake.utils import validate
+    import importlib.util
 
-    schema = str(ROOT / "workflows/schemas/config.schema.yaml")
+    spec = importlib.util.spec_from_file_location("config_check", ROOT / "workflows/scripts/config_check.py")
+    config_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(config_check)
+    schema = ROOT / "workflows/schemas/config.schema.yaml"
+    full = tmp_path / "config_error.txt"
     cfg = yaml.safe_load((ROOT / "config/config.yaml").read_text())
     good = copy.deepcopy(cfg)
     del good["run_timeout_s"]
-    validate(good, schema)
+    assert config_check.check_config(good, schema, full) is None
+    config_check.fill_defaults(good, schema)
     assert good["run_timeout_s"] == 3600
     assert good["sweeps"]["cpu_smoke"]["microbench"]["adam"]["numel"] == "4M"
     bad = copy.deepcopy(cfg)
     bad["sweeps"]["cpu_smoke"]["matrices"][0]["systems"].append("megatron")
-    with pytest.raises(WorkflowError) as e:
-        validate(bad, schema)
-    assert "megatron" in str(e.value) + str(getattr(e.value, "args", ""))
+    assert "megatron" in config_check.check_config(bad, schema, full)
     typo = copy.deepcopy(cfg)
     typo["sweeps"]["cpu_smoke"]["stpes"] = 3
-    with pytest.raises(WorkflowError):
-        validate(typo, schema)
+    assert "stpes" in config_check.check_config(typo, schema, full)

@@ -67,9 +67,7 @@ def test_wrong_type_names_the_key_and_the_type(cfg, tmp_path):
     assert "did you mean" not in msg
 
 
-def test_valid_config_passes_and_snakemake_still_fills_the_defaults(cfg, tmp_path):
-    from snakemake.utils import validate
-
+def test_valid_config_passes_and_fill_defaults_fills_them(cfg, tmp_path):
     del cfg["run_timeout_s"]
     del cfg["sweeps"]["cpu_smoke"]["microbench"]
     stale = tmp_path / "config_error.txt"
@@ -77,11 +75,17 @@ def test_valid_config_passes_and_snakemake_still_fills_the_defaults(cfg, tmp_pat
     before = copy.deepcopy(cfg)
     msg, full = _check(cfg, tmp_path)
     assert msg is None and not full.exists()  # an earlier message does not linger
-    assert cfg == before  # the check works on a copy; filling is left to validate()
-    validate(cfg, str(SCHEMA))  # what common.smk runs next
+    assert cfg == before  # the check works on a copy; filling is a separate step
+    assert config_check.fill_defaults(cfg, SCHEMA) is cfg  # what common.smk runs next
     assert cfg["run_timeout_s"] == 3600
     assert cfg["sweeps"]["cpu_smoke"]["microbench"]["adam"]["numel"] == "4M"
     assert cfg["plan_optimality"]["peers"] == ["torch", "zero_offload"]
+    assert cfg["sweeps"]["gpu"]["matrices"][0]["chips"] == [1]  # through additionalProperties and items
+    cfg["multinode"]["port"] = 1234
+    config_check.fill_defaults(cfg, SCHEMA)
+    assert cfg["multinode"]["port"] == 1234  # a value set is never replaced
+    assert cfg["plan_optimality"]["peers"] is not config_check.fill_defaults(copy.deepcopy(before), SCHEMA)[
+        "plan_optimality"]["peers"]  # each fill gets its own copy of a default
 
 
 def test_dry_run_with_a_typo_prints_a_short_error(results_dir):

@@ -12,30 +12,31 @@ import sys
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
-from snakemake.utils import validate
 
 from superoffload import catalog
 
 
-def _config_problem():
-    """None, or one line per error of the config (key path, schema message, closest valid name), the full
-    message going to .snakemake/config_error.txt: Snakemake's validate() alone prints the whole schema.
-    The checker is loaded by path because workflows/scripts is not a package."""
+def _config_checker():
+    """workflows/scripts/config_check.py, loaded by path because workflows/scripts is not a package."""
     import importlib.util
 
-    base = Path(workflow.basedir) / "workflows"
-    spec = importlib.util.spec_from_file_location("config_check", base / "scripts" / "config_check.py")
+    path = Path(workflow.basedir) / "workflows" / "scripts" / "config_check.py"
+    spec = importlib.util.spec_from_file_location("config_check", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    full = Path(".snakemake") / "config_error.txt"
-    return mod.check_config(config, base / "schemas" / "config.schema.yaml", full)
+    return mod
 
 
-# Raised here, before any rule is defined or job runs (and at top level: a one-line traceback).
-if _bad_config := _config_problem():
+# The config is checked (one line per error: key path, schema message, closest valid name; the full message in
+# .snakemake/config_error.txt), then the schema's defaults, which the rules rely on, are filled into it. Not
+# Snakemake's validate(): it prints the whole schema on an error, and its default filling fails on a block set
+# to null (an optional one, such as nightly.plan_optimality). Raised here, before any rule is defined or job
+# runs, and at top level: a one-line traceback.
+CONFIG_SCHEMA = Path(workflow.basedir) / "workflows" / "schemas" / "config.schema.yaml"
+_checker = _config_checker()
+if _bad_config := _checker.check_config(config, CONFIG_SCHEMA, Path(".snakemake") / "config_error.txt"):
     raise WorkflowError(_bad_config)
-# Passes now; kept because it fills the schema's defaults into `config`, which the rules rely on.
-validate(config, "../schemas/config.schema.yaml")
+_checker.fill_defaults(config, CONFIG_SCHEMA)
 
 PY = sys.executable  # the interpreter running Snakemake (the venv's)
 WF = Path(workflow.basedir)  # repository root (where the Snakefile is)

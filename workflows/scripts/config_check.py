@@ -4,8 +4,10 @@ Snakemake's `validate()` puts the whole schema (~900 lines) into its error, whic
 matters. `check_config` runs the same JSON-schema check (jsonschema, the library Snakemake uses, with
 defaults filled in the same way, on a copy) and returns one line per error: the failing key path, the
 schema's message and, for an unknown key or value, the closest valid name. Every error, with its schema
-path, goes to a file whose path the message names. workflows/rules/common.smk calls it before Snakemake's
-own `validate()`, which then passes and fills the defaults into the real config as before.
+path, goes to a file whose path the message names. workflows/rules/common.smk calls it first, then
+`fill_defaults` on the real config. Snakemake's own `validate()` is not used: its default filling calls
+`setdefault` on whatever a block holds, which fails with an AttributeError on a block the config may set to
+null (`nightly.plan_optimality`); here a null block stays null and the rules leave its part out.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ def _fill_defaults(validator_class: type) -> type:
     check_properties = validator_class.VALIDATORS["properties"]
 
     def properties(validator: Any, props: Mapping, instance: Any, schema: Mapping) -> Iterator[ValidationError]:
-        if isinstance(instance, dict):
+        if isinstance(instance, dict):  # a null (optional) block stays null: nothing to fill
             for name, sub in props.items():
                 if isinstance(sub, Mapping) and "default" in sub:
                     instance.setdefault(name, copy.deepcopy(sub["default"]))
@@ -45,6 +47,15 @@ def schema_errors(config: Mapping, schema: Mapping) -> list[ValidationError]:
     """Every error of ``config`` under ``schema`` (``config`` itself is not changed)."""
     validator = _fill_defaults(Draft202012Validator)(schema)
     return list(validator.iter_errors(copy.deepcopy(dict(config))))
+
+
+def fill_defaults(config: dict, schema_file: Path) -> dict:
+    """Set every schema default missing from ``config``, in place (a config that passed ``check_config``).
+    A block set to null is left null; an empty block gets each of its keys' defaults. Returns ``config``."""
+    schema = yaml.safe_load(Path(schema_file).read_text())
+    for _ in _fill_defaults(Draft202012Validator)(schema).iter_errors(config):
+        pass  # the check already reported errors; iterating is what fills
+    return config
 
 
 def key_path(parts: Iterable[Any]) -> str:
@@ -73,6 +84,18 @@ def _hint(name: str | None) -> str:
     return f"; did you mean {name!r}?" if name else ""
 
 
+def _string_hint(error: ValidationError) -> str:
+    """For a type error on a string that YAML would read as another type ('null', '2', 'true'): Snakemake's
+    --config passes every value nested in a mapping as a string, so such a value needs a --configfile."""
+    if error.validator != "type" or not isinstance(error.instance, str):
+        return ""
+    try:
+        parsed = yaml.safe_load(error.instance)
+    except yaml.YAMLError:
+        return ""
+    return "" if isinstance(parsed, str) else "; a nested --config value is always a string: set it in a --configfile"
+
+
 def short_lines(error: ValidationError) -> list[str]:
     """One line per problem of ``error``: ``path: message[; did you mean 'x'?]``. An unknown-key error gets
     a line per unknown key, with that key in the path and the closest key allowed at that level."""
@@ -83,7 +106,7 @@ def short_lines(error: ValidationError) -> list[str]:
         if keys:
             return [f"{key_path([*where, k])}: Additional properties are not allowed ({k!r} was unexpected)"
                     f"{_hint(_closest(k, allowed))}" for k in keys]
-    hint = _hint(_closest(error.instance, error.validator_value)) if error.validator == "enum" else ""
+    hint = _hint(_closest(error.instance, error.validator_value)) if error.validator == "enum" else _string_hint(error)
     return [f"{key_path(where)}: {error.message}{hint}"]
 
 
