@@ -72,6 +72,11 @@ def add_cli(sub: argparse._SubParsersAction) -> None:
                    help="auto uses CUDA when available, else host (the CPU; cpu is its old name); sim runs the "
                         "superoffload engine's CUDA code path on a simulated device with checked stream "
                         "ordering and a memory ledger (default auto)")
+    p.add_argument("--init-device", choices=["host", "cuda"], default="host",
+                   help="where the initial weights are drawn: host (the same bits on every machine; default) or "
+                        "cuda (the same seed on the GPU's generator, copied to the host before the system gets "
+                        "the model: seconds instead of a minute for a multi-billion-parameter model; the same "
+                        "weights for every system on that GPU); recorded as run.init_device")
     p.add_argument("--peak-flops", type=POSITIVE_FLOAT, default=None,
                    help="override the peak FLOP/s used for MFU/HFU (default: GPU table or measured CPU peak)")
     p.add_argument("--data", default=None,
@@ -124,7 +129,8 @@ def main(args: argparse.Namespace) -> int:
                     grad_accum=args.grad_accum, steps=args.steps, warmup=args.warmup, precision=args.precision,
                     seed=args.seed, lr=args.lr, weight_decay=args.weight_decay, grad_clip=args.grad_clip,
                     activation_checkpointing=args.checkpointing or args.offload_checkpoints, threads=args.threads,
-                    device=args.device, peak_flops=args.peak_flops, system_options=options,
+                    device=args.device, init_device=args.init_device, peak_flops=args.peak_flops,
+                    system_options=options,
                     bind_cores=args.bind_cores, sp=args.sp, loss_tile=args.loss_tile,
                     offload_checkpoints=args.offload_checkpoints)
     nproc = getattr(args, "nproc", None)
@@ -245,7 +251,7 @@ def child_argv(args: argparse.Namespace) -> list[str]:
             "--warmup", str(args.warmup), "--precision", args.precision, "--seed", str(args.seed),
             "--lr", repr(args.lr),
             "--weight-decay", repr(args.weight_decay), "--grad-clip", repr(args.grad_clip),
-            "--device", args.device, "--out", str(args.out), "--no-progress"]
+            "--device", args.device, "--init-device", args.init_device, "--out", str(args.out), "--no-progress"]
     if args.checkpointing:
         argv.append("--checkpointing")
     if args.threads is not None:

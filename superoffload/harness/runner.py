@@ -45,6 +45,9 @@ from superoffload.shapes import ModelShape, ulysses_kv_repeat
 
 log = logging.getLogger(__name__)
 
+INIT_DEVICES = ("host", "cuda")  # RunConfig.init_device: where the initial weights are drawn
+
+
 def validate_run(run: RunConfig) -> ModelShape:
     """Check a RunConfig; raise ValueError saying what to change. Returns the model shape."""
     check_system(run.system)
@@ -72,6 +75,10 @@ def validate_run(run: RunConfig) -> ModelShape:
     if run.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("device 'cuda' requested but no CUDA device is available; use --device host (the CPU) "
                          "or --device sim (the engine's CUDA code path, simulated on the CPU)")
+    if run.init_device not in INIT_DEVICES:
+        raise ValueError(f"init_device must be one of {', '.join(INIT_DEVICES)}, got {run.init_device!r}")
+    if run.init_device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--init-device cuda needs a CUDA device; use --init-device host")
     if run.device not in DEVICE_KINDS:
         raise ValueError(f"device must be one of {', '.join(DEVICE_KINDS)}, got {run.device!r}")
     if run.device == "sim" and run.system != "superoffload":
@@ -238,7 +245,7 @@ def _measure(run: RunConfig, shape: ModelShape, rank: int, device: Device, rec: 
     m = _Measured()
     system = None
     try:
-        model = build_model(shape, seq=run.seq, seed=run.seed, activation_checkpointing=run.checkpointing_mode)
+        model = _initial_model(run, shape)
         rec["model"]["params"] = count_params(model)
         data = _make_data(run, shape, rank)
         system = create_system(run.system)
@@ -261,6 +268,17 @@ def _measure(run: RunConfig, shape: ModelShape, rank: int, device: Device, rec: 
             except Exception as e:  # noqa: BLE001
                 log.warning("teardown failed: %s", e)
     return m
+
+
+def _initial_model(run: RunConfig, shape: ModelShape) -> torch.nn.Module:
+    """The model with its initial weights, on the host as every system expects it; drawn on the GPU under
+    ``init_device="cuda"`` (same seed, the GPU's generator) and copied to the host."""
+    if run.init_device == "host":
+        return build_model(shape, seq=run.seq, seed=run.seed, activation_checkpointing=run.checkpointing_mode)
+    model = build_model(shape, seq=run.seq, seed=run.seed, activation_checkpointing=run.checkpointing_mode,
+                        device=run.init_device).to("cpu")
+    torch.cuda.empty_cache()  # the drawn copy's blocks go back to the device, not to this process's cache
+    return model
 
 
 def _steps(total: int, system: System, data: SyntheticData | TokenFileData, device: Device, telemetry: Telemetry,

@@ -57,6 +57,10 @@ class RunConfig:
     loss_tile: int | None = None
     offload_checkpoints: bool = False
     peak_flops: float | None = None  # override the peak used for MFU/HFU
+    # where the initial weights are drawn: "host" (the same bits on every machine), or "cuda": the same seed on
+    # the GPU's generator, then copied to the host before the system gets the model (a 5B model: seconds, not
+    # the minute torch's CPU normal_ takes; still the same weights for every system on that GPU)
+    init_device: str = "host"
     telemetry_interval_s: float = 0.1
     dtype: InitVar[str | None] = None  # the old name of ``precision``
 

@@ -91,10 +91,31 @@ def test_failures_become_records(monkeypatch, exc, status):
     ({"warmup": -1}, "warmup"),
     ({"grad_clip": -1.0}, "grad_clip"),
     ({"betas": (0.9, 1.5)}, "betas"),
+    ({"init_device": "gpu"}, "init_device must be one of host, cuda"),
 ])
 def test_validate_rejects_bad_input(kw, msg):
     with pytest.raises(ValueError, match=msg):
         validate_run(RunConfig(**kw))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_init_device_cuda_needs_a_gpu():
+    with pytest.raises(ValueError, match="--init-device cuda needs a CUDA device"):
+        validate_run(RunConfig(init_device="cuda"))
+
+
+@pytest.mark.cuda
+def test_init_on_the_gpu_hands_the_system_a_host_model_with_the_same_weights_each_time():
+    from superoffload.harness.runner import _initial_model
+
+    run = RunConfig(system="torch", model="gpt-tiny", seq=32, init_device="cuda")
+    shape = validate_run(run)
+    a, b = _initial_model(run, shape), _initial_model(run, shape)
+    assert all(p.device.type == "cpu" for p in a.parameters())
+    assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters(), strict=True))
+    rec = run_benchmark(dataclasses.replace(run, steps=2, warmup=1, device="cuda"))
+    assert rec["status"] == "ok", rec["error"]
+    assert rec["run"]["init_device"] == "cuda"
 
 
 def test_every_registered_system_name_is_valid():
