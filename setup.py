@@ -19,7 +19,7 @@ from setuptools.command.build_ext import build_ext
 HERE = os.path.dirname(os.path.abspath(__file__))
 LIB_EXT = "grace_adam._lib.libgrace_adam"
 CSRC = [os.path.join("grace_adam", "csrc", f) for f in
-        ("ga_core.c", "ga_scalar.c", "ga_avx2.c", "ga_avx512.c", "ga_neon.c", "ga_sve.c")]
+        ("ga_core.c", "ga_pool.c", "ga_scalar.c", "ga_avx2.c", "ga_avx512.c", "ga_neon.c", "ga_sve.c")]
 
 
 def _builder():

@@ -5,6 +5,8 @@ Environment:
   GRACE_ADAM_LIB=PATH        load the library from PATH instead of grace_adam/_lib/
   GRACE_ADAM_ISA=NAME        force scalar|avx2|avx512|neon|sve (import fails if this CPU/build lacks it)
   GRACE_ADAM_NUM_THREADS=N   default thread count (else: the CPUs in this process's affinity mask)
+  GRACE_ADAM_CPUS=LIST       pin the pool to these CPUs at import, e.g. 1-15 or 2,3,8-11 (grace_adam.pool)
+  GRACE_ADAM_NT_THRESHOLD=B  bytes a pass moves before it uses streaming stores (default: the LLC size)
   GRACE_ADAM_LAZY_BUILD=1    if the library is missing, build it in place at import (development)
 """
 
@@ -15,7 +17,7 @@ import os
 import warnings
 from pathlib import Path
 
-ABI_VERSION = 3  # GA_ABI_VERSION in csrc/grace_adam.h
+ABI_VERSION = 4  # GA_ABI_VERSION in csrc/grace_adam.h
 DTYPE_F32, DTYPE_BF16, DTYPE_F16, DTYPE_NONE = 0, 1, 2, 3
 LIB_PATH = Path(__file__).resolve().parent / "_lib" / "libgrace_adam.so"
 
@@ -67,6 +69,11 @@ def _declare(lib: ctypes.CDLL) -> None:
         "ga_set_num_threads": (i32, [i32]),
         "ga_get_num_threads": (i32, []),
         "ga_set_min_chunk": (i32, [i64]),
+        "ga_set_affinity": (i32, [ctypes.POINTER(ctypes.c_int32), i32]),
+        "ga_get_affinity": (i32, [ctypes.POINTER(ctypes.c_int32), i32]),
+        "ga_first_touch": (i32, [vp, i64, ctypes.c_int32, i32]),
+        "ga_set_nt_threshold": (i32, [i64]),
+        "ga_get_nt_threshold": (i64, []),
         "ga_set_isa": (i32, [i32]),
         "ga_get_isa": (i32, []),
         "ga_supported_isas": (ctypes.c_uint, []),

@@ -122,7 +122,7 @@ def build_library(out: str | os.PathLike[str] = DEFAULT_OUT, cc: list[str] | Non
             else:
                 print(f"grace_adam: skipping the {isa.name} path, the compiler failed:\n{msg}",
                       file=sys.stderr)
-        for src in ("ga_scalar.c", "ga_core.c"):
+        for src in ("ga_scalar.c", "ga_pool.c", "ga_core.c"):
             obj = os.path.join(tmp, src + ".o")
             ok, msg = _run([*cc, *COMMON_FLAGS, *extra, *defines, "-c", str(CSRC / src), "-o", obj], verbose)
             if not ok:

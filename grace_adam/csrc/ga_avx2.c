@@ -136,7 +136,7 @@ AI void tail8(const ga_adam_args *A, const consts8 *C, int64_t i, int64_t r, int
     if (ldt != GA_NONE) memcpy((uint16_t *)A->lowp_out + i, lb, h);
 }
 
-AI void adam_impl(const ga_adam_args *A, int64_t begin, int64_t end, int gdt, int ldt) {
+AI void adam_impl(const ga_adam_args *A, int64_t begin, int64_t end, int gdt, int ldt, int nt_ok) {
     consts8 C;
     int64_t i = begin;
     int nt = 0;
@@ -151,7 +151,7 @@ AI void adam_impl(const ga_adam_args *A, int64_t begin, int64_t end, int gdt, in
     C.eps = _mm256_set1_ps(A->eps);
     C.hi = _mm256_castsi256_ps(_mm256_set1_epi32(A->lerp_hi ? -1 : 0));
     /* Streaming stores need aligned destinations; a block keeps the alignment it starts with. */
-    nt = ga_fresh_outputs_aligned(A, i, 32, 16);
+    nt = nt_ok && ga_fresh_outputs_aligned(A, i, 32, 16);
     if (nt)
         for (; i + 8 * GA_BLOCK8 <= end; i += 8 * GA_BLOCK8) step_block(A, &C, i, gdt, ldt, 1, GA_BLOCK8);
     for (; i + 8 * GA_BLOCK8 <= end; i += 8 * GA_BLOCK8) step_block(A, &C, i, gdt, ldt, 0, GA_BLOCK8);

@@ -155,7 +155,7 @@ AI void step_block(const ga_adam_args *A, const consts16 *C, int64_t i, int gdt,
         STORE_BLOCK_U16(A->lowp_out, _mm512_cvtps_ph(x[u].p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), nt);
 }
 
-AI void adam_impl(const ga_adam_args *A, int64_t begin, int64_t end, int gdt, int ldt) {
+AI void adam_impl(const ga_adam_args *A, int64_t begin, int64_t end, int gdt, int ldt, int nt_ok) {
     consts16 C;
     int64_t i = begin;
     int nt = 0;
@@ -170,7 +170,7 @@ AI void adam_impl(const ga_adam_args *A, int64_t begin, int64_t end, int gdt, in
     C.eps = _mm512_set1_ps(A->eps);
     C.hi = A->lerp_hi ? (__mmask16)0xFFFF : (__mmask16)0;
     /* Streaming stores need aligned destinations; a block keeps the alignment it starts with. */
-    nt = ga_fresh_outputs_aligned(A, i, 64, 32);
+    nt = nt_ok && ga_fresh_outputs_aligned(A, i, 64, 32);
     if (nt)
         for (; i + 16 * GA_BLOCK <= end; i += 16 * GA_BLOCK) step_block(A, &C, i, gdt, ldt, 1);
     for (; i + 16 * GA_BLOCK <= end; i += 16 * GA_BLOCK) step_block(A, &C, i, gdt, ldt, 0);

@@ -1,12 +1,7 @@
-/* Runtime ISA dispatch, persistent pthread pool and the exported C API.
- *
- * Why pthreads and not OpenMP: torch ships its own libgomp; a second OpenMP runtime in the same process
- * oversubscribes the cores and its spin-waiting threads steal time from torch's. */
+/* Runtime ISA dispatch, the jobs handed to the thread pool (ga_pool.c) and the exported C API. */
 #define _GNU_SOURCE
-#include <fenv.h>
 #include <pthread.h>
 #include <sched.h>
-#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -22,8 +17,10 @@
 #endif
 #endif
 
-#define GA_MAX_THREADS 1024
-#define GA_ALIGN_ELEMS 16 /* 64-byte cache line of fp32 */
+#define GA_ALIGN_ELEMS 16 /* 64-byte cache line of fp32: the unit of an elementwise job */
+/* Elements a participant claims at a time: large enough that claiming (an atomic add) and the kernel's
+ * per-call setup and store fence are noise, small enough to balance a job across late or slowed threads. */
+#define GA_GRAIN_ELEMS 32768
 
 static const char *const isa_names[GA_ISA_COUNT] = {"scalar", "avx2", "avx512", "neon", "sve"};
 static const ga_kernels *kernel_table[GA_ISA_COUNT];
@@ -31,124 +28,8 @@ static unsigned g_compiled, g_supported;
 static int g_isa = GA_ISA_SCALAR;
 static int g_default_threads = 1;
 static int64_t g_min_chunk = 32768; /* elements per thread: below this, waking a thread costs more */
+static int64_t g_nt_threshold = 32 << 20; /* bytes a pass moves before it streams its fresh outputs */
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
-
-/* ------------------------------------------------------------------------------------------------ */
-/* thread pool                                                                                        */
-
-typedef void (*task_fn)(void *ctx, int tid, int nth);
-
-typedef struct {
-    int id;
-    uint64_t gen;
-} worker_arg;
-
-static struct {
-    pthread_mutex_t call_lock; /* one job at a time; concurrent API calls queue here */
-    pthread_mutex_t mu;
-    pthread_cond_t start_cv, done_cv;
-    int nworkers; /* threads with ids 1..nworkers; the caller is id 0 */
-    uint64_t gen;
-    int pending, nth;
-    task_fn fn;
-    void *ctx;
-} P = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER,
-       PTHREAD_COND_INITIALIZER, 0, 0, 0, 0, NULL, NULL};
-
-/* Every participant runs in the default IEEE environment (round to nearest, no FTZ/DAZ) whatever the
- * caller set (e.g. torch.set_flush_denormal), so results cannot depend on which thread ran a chunk. */
-static void run_ieee(task_fn fn, void *ctx, int tid, int nth) {
-    fenv_t saved;
-    fegetenv(&saved);
-    fesetenv(FE_DFL_ENV);
-    fn(ctx, tid, nth);
-    fesetenv(&saved);
-}
-
-static void *worker_main(void *arg) {
-    worker_arg wa = *(worker_arg *)arg;
-    uint64_t seen = wa.gen;
-    free(arg);
-    pthread_mutex_lock(&P.mu);
-    for (;;) {
-        while (P.gen == seen) pthread_cond_wait(&P.start_cv, &P.mu);
-        seen = P.gen;
-        if (wa.id < P.nth) {
-            task_fn fn = P.fn;
-            void *ctx = P.ctx;
-            int nth = P.nth;
-            pthread_mutex_unlock(&P.mu);
-            run_ieee(fn, ctx, wa.id, nth);
-            pthread_mutex_lock(&P.mu);
-            if (--P.pending == 0) pthread_cond_signal(&P.done_cv);
-        }
-    }
-    return NULL;
-}
-
-/* Called with call_lock held and no job in flight, so P.gen is stable. Returns the worker count. */
-static int ensure_workers(int want) {
-    sigset_t all, old;
-    if (want > GA_MAX_THREADS - 1) want = GA_MAX_THREADS - 1;
-    sigfillset(&all);
-    /* Workers block all signals so that SIGINT and friends keep going to Python's main thread. */
-    pthread_sigmask(SIG_SETMASK, &all, &old);
-    while (P.nworkers < want) {
-        pthread_t t;
-        pthread_attr_t attr;
-        worker_arg *wa = (worker_arg *)malloc(sizeof(worker_arg));
-        if (!wa) break;
-        wa->id = P.nworkers + 1;
-        wa->gen = P.gen;
-        pthread_attr_init(&attr);
-        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        if (pthread_create(&t, &attr, worker_main, wa) != 0) {
-            pthread_attr_destroy(&attr);
-            free(wa);
-            break;
-        }
-        pthread_attr_destroy(&attr);
-        P.nworkers++;
-    }
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
-    return P.nworkers;
-}
-
-static void run_job(task_fn fn, void *ctx, int nth) {
-    if (nth <= 1) {
-        run_ieee(fn, ctx, 0, 1);
-        return;
-    }
-    pthread_mutex_lock(&P.call_lock);
-    {
-        int have = ensure_workers(nth - 1);
-        if (nth > have + 1) nth = have + 1; /* thread creation failed: fewer threads, same results */
-    }
-    pthread_mutex_lock(&P.mu);
-    P.fn = fn;
-    P.ctx = ctx;
-    P.nth = nth;
-    P.pending = nth - 1;
-    P.gen++;
-    pthread_cond_broadcast(&P.start_cv);
-    pthread_mutex_unlock(&P.mu);
-    run_ieee(fn, ctx, 0, nth);
-    pthread_mutex_lock(&P.mu);
-    while (P.pending > 0) pthread_cond_wait(&P.done_cv, &P.mu);
-    pthread_mutex_unlock(&P.mu);
-    pthread_mutex_unlock(&P.call_lock);
-}
-
-/* After fork() only the forking thread exists in the child: forget the workers (they are respawned on
- * demand) and re-initialise the locks, which may have been held by threads that no longer exist. */
-static void atfork_child(void) {
-    pthread_mutex_init(&P.call_lock, NULL);
-    pthread_mutex_init(&P.mu, NULL);
-    pthread_cond_init(&P.start_cv, NULL);
-    pthread_cond_init(&P.done_cv, NULL);
-    P.nworkers = 0;
-    P.pending = 0;
-}
 
 /* ------------------------------------------------------------------------------------------------ */
 /* dispatch                                                                                           */
@@ -217,7 +98,16 @@ static void detect(void) {
         if (env && atoi(env) > 0) g_default_threads = atoi(env);
         if (g_default_threads > GA_MAX_THREADS) g_default_threads = GA_MAX_THREADS;
     }
-    pthread_atfork(NULL, NULL, atfork_child);
+    {
+        long llc = -1;
+#ifdef _SC_LEVEL3_CACHE_SIZE
+        llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
+#endif
+        if (llc > 0) g_nt_threshold = llc;
+        env = getenv("GRACE_ADAM_NT_THRESHOLD");
+        if (env && *env && atoll(env) >= 0) g_nt_threshold = atoll(env);
+    }
+    ga_pool_init();
 }
 
 static void init(void) { pthread_once(&g_once, detect); }
@@ -288,22 +178,44 @@ static int threads_for(int64_t units, int64_t min_units, int nthreads) {
     return (int)(nthreads < cap ? nthreads : cap);
 }
 
-/* Split point k of nth over n elements, moved up to an element whose address in `base` is 64-byte
- * aligned so two threads never write the same cache line of the written streams. */
-static int64_t split_point(int64_t n, int nth, int k, int64_t a0) {
-    int64_t x, r;
-    if (k <= 0) return 0;
-    if (k >= nth) return n;
-    x = (n / nth) * k + ((n % nth) * k) / nth;
-    r = ((x - a0) % GA_ALIGN_ELEMS + GA_ALIGN_ELEMS) % GA_ALIGN_ELEMS;
-    if (r) x += GA_ALIGN_ELEMS - r;
-    return x < n ? x : n;
+static int64_t min_chunk(void) { return __atomic_load_n(&g_min_chunk, __ATOMIC_ACQUIRE); }
+
+/* Units claimed at a time: at most max_grain, and at least 8 claims per home range so that a small job
+ * still balances. */
+static int64_t grain_for(int64_t nunits, int nth, int64_t max_grain) {
+    int64_t g = nunits / nth / 8;
+    if (g > max_grain) g = max_grain;
+    return g > 1 ? g : 1;
 }
 
-static int64_t align_offset(const void *base) {
-    uintptr_t u = (uintptr_t)base;
-    if (u % 4) return 0;
-    return (int64_t)((GA_ALIGN_ELEMS - (u / 4) % GA_ALIGN_ELEMS) % GA_ALIGN_ELEMS);
+/* An elementwise job over n elements is split into units of GA_ALIGN_ELEMS elements whose boundaries are
+ * 64-byte aligned in the buffer at `base_ptr` (the first unit is shorter when it is not aligned), so no
+ * two threads write the same cache line. Unit j starts at element elem_of(base, n, j). */
+static int64_t unit_base(const void *base_ptr, int32_t elem_size) {
+    uintptr_t u = (uintptr_t)base_ptr;
+    int64_t a0;
+    if (elem_size != 4 || u % 4) return 0;
+    a0 = (int64_t)((GA_ALIGN_ELEMS - (u / 4) % GA_ALIGN_ELEMS) % GA_ALIGN_ELEMS);
+    return a0 ? a0 - GA_ALIGN_ELEMS : 0;
+}
+
+static int64_t elem_of(int64_t base, int64_t n, int64_t j) {
+    int64_t x = base + GA_ALIGN_ELEMS * j;
+    return x < 0 ? 0 : (x > n ? n : x);
+}
+
+static int64_t units_of(int64_t base, int64_t n) { return (n - base + GA_ALIGN_ELEMS - 1) / GA_ALIGN_ELEMS; }
+
+static void run_elementwise(ga_range_fn fn, void *ctx, int64_t base, int64_t n, int nthreads, int steal) {
+    ga_job j;
+    j.fn = fn;
+    j.ctx = ctx;
+    j.nunits = units_of(base, n);
+    j.nth = threads_for(n, min_chunk(), nthreads);
+    j.grain = steal ? grain_for(j.nunits, j.nth, GA_GRAIN_ELEMS / GA_ALIGN_ELEMS) : j.nunits;
+    j.steal = steal;
+    j.inline_ok = n < 2 * min_chunk();
+    ga_pool_run(&j);
 }
 
 /* ------------------------------------------------------------------------------------------------ */
@@ -312,28 +224,27 @@ static int64_t align_offset(const void *base) {
 typedef struct {
     const ga_adam_args *a;
     ga_adam_fn fn;
-    int64_t a0;
-    /* step + statistics: blocks of GA_STATS_BLOCK elements instead of 64-byte-aligned ranges */
+    int64_t base;
+    int nt_ok;
+    /* step + statistics: units are GA_STATS_BLOCK-element blocks instead of 16-element units */
     ga_stats_fn stats;
-    int64_t nblocks;
     double *sums;
 } adam_ctx;
 
-static void adam_task(void *p, int tid, int nth) {
+static void adam_units(void *p, int64_t u0, int64_t u1) {
     adam_ctx *c = (adam_ctx *)p;
-    int64_t b = split_point(c->a->n, nth, tid, c->a0), e = split_point(c->a->n, nth, tid + 1, c->a0);
-    if (e > b) c->fn(c->a, b, e);
+    int64_t b = elem_of(c->base, c->a->n, u0), e = elem_of(c->base, c->a->n, u1);
+    if (e > b) c->fn(c->a, b, e, c->nt_ok);
 }
 
 /* Each block is reduced, then stepped while its gradient is still in L1/L2: one trip to DRAM. */
-static void adam_stats_task(void *p, int tid, int nth) {
+static void adam_stats_units(void *p, int64_t b0, int64_t b1) {
     adam_ctx *c = (adam_ctx *)p;
     const ga_adam_args *a = c->a;
-    int64_t b0 = c->nblocks * tid / nth, b1 = c->nblocks * (tid + 1) / nth;
     for (int64_t b = b0; b < b1; b++) {
         int64_t s = b * GA_STATS_BLOCK, e = s + GA_STATS_BLOCK < a->n ? s + GA_STATS_BLOCK : a->n;
         c->stats(a->grad, a->grad_dtype, a->grad_scale, a->n, b, b + 1, c->sums);
-        c->fn(a, s, e);
+        c->fn(a, s, e, c->nt_ok);
     }
 }
 
@@ -363,26 +274,44 @@ static int prepare(const ga_adam_args *a, ga_adam_args *out) {
     return GA_OK;
 }
 
+/* Whether the pass moves enough bytes (every stream read and written) to stream its fresh outputs. */
+static int nt_ok_for(const ga_adam_args *A) {
+    int64_t per = 12 + (A->grad_dtype == GA_F32 ? 4 : 2) + (A->max_exp_avg_sq ? 4 : 0); /* reads */
+    int64_t threshold = ga_get_nt_threshold();
+    if (A->exp_avg_out) per += 8 + (A->max_exp_avg_sq_out ? 4 : 0); /* the state, in place or not */
+    if (A->commit || A->param_out) per += 4;
+    if (A->lowp_dtype != GA_NONE) per += 2;
+    return A->n >= threshold / per + (threshold % per != 0);
+}
+
+static void init_adam_ctx(adam_ctx *c, const ga_adam_args *A) {
+    c->a = A;
+    c->fn = kernel_table[ga_get_isa()]->adam;
+    c->base = unit_base(A->param, 4);
+    c->nt_ok = nt_ok_for(A);
+    c->stats = kernel_table[ga_get_isa()]->stats;
+    c->sums = NULL;
+}
+
 int ga_adam_step(const ga_adam_args *a, int nthreads) {
     adam_ctx c;
     ga_adam_args A;
     int rc = prepare(a, &A);
     if (rc != GA_OK || A.n == 0) return rc;
     init();
-    c.a = &A;
-    c.fn = kernel_table[ga_get_isa()]->adam;
-    c.a0 = align_offset(A.param);
-    run_job(adam_task, &c, threads_for(A.n, __atomic_load_n(&g_min_chunk, __ATOMIC_ACQUIRE), nthreads));
+    init_adam_ctx(&c, &A);
+    run_elementwise(adam_units, &c, c.base, A.n, nthreads, 1);
     return GA_OK;
 }
 
 static double sum_blocks(const double *sums, int64_t nblocks);
+static void run_blocks(ga_range_fn fn, void *ctx, int64_t nblocks, int nthreads);
 
 int ga_adam_step_stats(const ga_adam_args *a, int nthreads, double *norm2, int32_t *all_finite) {
     adam_ctx c;
     ga_adam_args A;
     double stack_sums[64], total;
-    int64_t min_blocks;
+    int64_t nblocks;
     int rc = prepare(a, &A);
     if (rc != GA_OK) return rc;
     if (!norm2 || !all_finite) return GA_EINVAL;
@@ -392,15 +321,12 @@ int ga_adam_step_stats(const ga_adam_args *a, int nthreads, double *norm2, int32
         return GA_OK;
     }
     init();
-    c.a = &A;
-    c.fn = kernel_table[ga_get_isa()]->adam;
-    c.stats = kernel_table[ga_get_isa()]->stats;
-    c.nblocks = (A.n + GA_STATS_BLOCK - 1) / GA_STATS_BLOCK;
-    c.sums = c.nblocks <= 64 ? stack_sums : (double *)malloc((size_t)c.nblocks * sizeof(double));
+    init_adam_ctx(&c, &A);
+    nblocks = (A.n + GA_STATS_BLOCK - 1) / GA_STATS_BLOCK;
+    c.sums = nblocks <= 64 ? stack_sums : (double *)malloc((size_t)nblocks * sizeof(double));
     if (!c.sums) return GA_ENOMEM;
-    min_blocks = __atomic_load_n(&g_min_chunk, __ATOMIC_ACQUIRE) / GA_STATS_BLOCK;
-    run_job(adam_stats_task, &c, threads_for(c.nblocks, min_blocks, nthreads));
-    total = sum_blocks(c.sums, c.nblocks);
+    run_blocks(adam_stats_units, &c, nblocks, nthreads);
+    total = sum_blocks(c.sums, nblocks);
     if (c.sums != stack_sums) free(c.sums);
     *norm2 = total;
     *all_finite = (total - total) == 0.0;
@@ -414,15 +340,27 @@ typedef struct {
     const void *grad;
     int32_t dt;
     float gs;
-    int64_t n, nblocks;
+    int64_t n;
     double *sums;
     ga_stats_fn fn;
 } stats_ctx;
 
-static void stats_task(void *p, int tid, int nth) {
+static void stats_units(void *p, int64_t b0, int64_t b1) {
     stats_ctx *c = (stats_ctx *)p;
-    int64_t b0 = c->nblocks * tid / nth, b1 = c->nblocks * (tid + 1) / nth;
-    if (b1 > b0) c->fn(c->grad, c->dt, c->gs, c->n, b0, b1, c->sums);
+    c->fn(c->grad, c->dt, c->gs, c->n, b0, b1, c->sums);
+}
+
+static void run_blocks(ga_range_fn fn, void *ctx, int64_t nblocks, int nthreads) {
+    ga_job j;
+    int64_t min_blocks = min_chunk() / GA_STATS_BLOCK;
+    j.fn = fn;
+    j.ctx = ctx;
+    j.nunits = nblocks;
+    j.nth = threads_for(nblocks, min_blocks, nthreads);
+    j.grain = grain_for(nblocks, j.nth, 2);
+    j.steal = 1;
+    j.inline_ok = nblocks < 2 * (min_blocks > 0 ? min_blocks : 1);
+    ga_pool_run(&j);
 }
 
 /* Block sums are added in block order: the result does not depend on the thread count. Finite squares
@@ -437,7 +375,7 @@ int ga_grad_stats(const void *grad, int32_t dtype, int64_t n, float grad_scale, 
                   int32_t *all_finite) {
     stats_ctx c;
     double stack_sums[64], total;
-    int64_t min_blocks;
+    int64_t nblocks;
     if (!norm2 || !all_finite || n < 0 || !valid_dtype(dtype)) return GA_EINVAL;
     if (n == 0) {
         *norm2 = 0.0;
@@ -450,16 +388,57 @@ int ga_grad_stats(const void *grad, int32_t dtype, int64_t n, float grad_scale, 
     c.dt = dtype;
     c.gs = grad_scale;
     c.n = n;
-    c.nblocks = (n + GA_STATS_BLOCK - 1) / GA_STATS_BLOCK;
-    c.sums = c.nblocks <= 64 ? stack_sums : (double *)malloc((size_t)c.nblocks * sizeof(double));
+    nblocks = (n + GA_STATS_BLOCK - 1) / GA_STATS_BLOCK;
+    c.sums = nblocks <= 64 ? stack_sums : (double *)malloc((size_t)nblocks * sizeof(double));
     if (!c.sums) return GA_ENOMEM;
     c.fn = kernel_table[ga_get_isa()]->stats;
-    min_blocks = __atomic_load_n(&g_min_chunk, __ATOMIC_ACQUIRE) / GA_STATS_BLOCK;
-    run_job(stats_task, &c, threads_for(c.nblocks, min_blocks, nthreads));
-    total = sum_blocks(c.sums, c.nblocks);
+    run_blocks(stats_units, &c, nblocks, nthreads);
+    total = sum_blocks(c.sums, nblocks);
     if (c.sums != stack_sums) free(c.sums);
     *norm2 = total;
     *all_finite = (total - total) == 0.0;
+    return GA_OK;
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* streaming-store threshold and first touch                                                          */
+
+int ga_set_nt_threshold(int64_t bytes) {
+    init();
+    if (bytes < 0) return GA_EINVAL;
+    __atomic_store_n(&g_nt_threshold, bytes, __ATOMIC_RELEASE);
+    return GA_OK;
+}
+
+int64_t ga_get_nt_threshold(void) {
+    init();
+    return __atomic_load_n(&g_nt_threshold, __ATOMIC_ACQUIRE);
+}
+
+typedef struct {
+    char *p;
+    int64_t n, base;
+    int32_t esize;
+} touch_ctx;
+
+static void touch_units(void *p, int64_t u0, int64_t u1) {
+    touch_ctx *c = (touch_ctx *)p;
+    int64_t b = elem_of(c->base, c->n, u0), e = elem_of(c->base, c->n, u1);
+    if (e > b) memset(c->p + b * c->esize, 0, (size_t)((e - b) * c->esize));
+}
+
+int ga_first_touch(void *p, int64_t n, int32_t elem_size, int nthreads) {
+    touch_ctx c;
+    if (n < 0 || (n > 0 && !p) || !(elem_size == 1 || elem_size == 2 || elem_size == 4 || elem_size == 8))
+        return GA_EINVAL;
+    if (n == 0) return GA_OK;
+    init();
+    c.p = (char *)p;
+    c.n = n;
+    c.esize = elem_size;
+    c.base = unit_base(p, elem_size);
+    /* the same element split as an fp32 Adam pass over n elements, each range by its owner only */
+    run_elementwise(touch_units, &c, c.base, n, nthreads, 0);
     return GA_OK;
 }
 
@@ -469,13 +448,13 @@ int ga_grad_stats(const void *grad, int32_t dtype, int64_t n, float grad_scale, 
 typedef struct {
     float *a, *c, *d;
     const float *b;
-    int64_t n, a0;
+    int64_t n, base;
     ga_stream7_fn fn;
 } stream_ctx;
 
-static void stream_task(void *p, int tid, int nth) {
+static void stream_units(void *p, int64_t u0, int64_t u1) {
     stream_ctx *s = (stream_ctx *)p;
-    int64_t b = split_point(s->n, nth, tid, s->a0), e = split_point(s->n, nth, tid + 1, s->a0);
+    int64_t b = elem_of(s->base, s->n, u0), e = elem_of(s->base, s->n, u1);
     if (e > b) s->fn(s->a, s->b, s->c, s->d, b, e);
 }
 
@@ -489,8 +468,8 @@ int ga_stream7(float *a, const float *b, float *c, float *d, int64_t n, int nthr
     s.c = c;
     s.d = d;
     s.n = n;
-    s.a0 = align_offset(a);
+    s.base = unit_base(a, 4);
     s.fn = kernel_table[ga_get_isa()]->stream7;
-    run_job(stream_task, &s, threads_for(n, __atomic_load_n(&g_min_chunk, __ATOMIC_ACQUIRE), nthreads));
+    run_elementwise(stream_units, &s, s.base, n, nthreads, 1);
     return GA_OK;
 }

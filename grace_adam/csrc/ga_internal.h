@@ -5,8 +5,10 @@
 #include <string.h>
 #include "grace_adam.h"
 
-/* Adam over elements [begin, end) of the bucket described by args. */
-typedef void (*ga_adam_fn)(const ga_adam_args *a, int64_t begin, int64_t end);
+/* Adam over elements [begin, end) of the bucket described by args. nt_ok: streaming (non-temporal) stores
+ * may be used for the outputs the pass does not read (the bucket is too large to stay in cache; see
+ * ga_set_nt_threshold). The stored values are the same either way. */
+typedef void (*ga_adam_fn)(const ga_adam_args *a, int64_t begin, int64_t end, int nt_ok);
 /* Block sums for the blocks [b0, b1) of a gradient of n elements (see ga_grad_stats). */
 typedef void (*ga_stats_fn)(const void *grad, int32_t dtype, float gs, int64_t n, int64_t b0, int64_t b1,
                             double *block_sums);
@@ -17,6 +19,33 @@ typedef struct ga_kernels {
     ga_stats_fn stats;
     ga_stream7_fn stream7;
 } ga_kernels;
+
+/* ---- thread pool (ga_pool.c) ---- */
+
+#define GA_MAX_THREADS 1024
+
+/* Work on units [u0, u1) of a job (what a unit is belongs to the job: 16 fp32 elements, a statistics
+ * block, ...). Every unit must be independent of every other, so that which thread runs it, and in what
+ * pieces, cannot change a result. */
+typedef void (*ga_range_fn)(void *ctx, int64_t u0, int64_t u1);
+
+typedef struct {
+    ga_range_fn fn;
+    void *ctx;
+    int64_t nunits;
+    int64_t grain; /* units claimed at a time (>= 1) */
+    int nth;       /* participants; participant h's home range is units [nunits*h/nth, nunits*(h+1)/nth) */
+    int steal;     /* 1: a participant whose home range is done takes the rest of the others' (load balance);
+                    * 0: each does exactly its home range (first touch places pages by it) */
+    int inline_ok; /* a one-participant job may run on the calling thread even when the pool is pinned */
+} ga_job;
+
+/* Runs the job to completion (threads that cannot be created: fewer participants, same results). Every
+ * participant runs in the default IEEE environment. */
+void ga_pool_run(const ga_job *job);
+/* Once per process, from the library's init: the affinity mask workers return to when unpinned, and the
+ * fork handler. */
+void ga_pool_init(void);
 
 extern const ga_kernels ga_kernels_scalar;
 #if defined(GA_HAVE_AVX2)
@@ -38,15 +67,16 @@ void ga_stats_neon(const void *grad, int32_t dtype, float gs, int64_t n, int64_t
 
 /* The `adam` entry of an ISA file's kernel table. The file defines
  *   static inline __attribute__((always_inline))
- *   void adam_impl(const ga_adam_args *A, int64_t begin, int64_t end, int grad_dtype, int lowp_dtype);
- * and this expands to `static void name(a, begin, end)`, which calls it once per (grad dtype, low-precision
+ *   void adam_impl(const ga_adam_args *A, int64_t begin, int64_t end, int grad_dtype, int lowp_dtype,
+ *                  int nt_ok);
+ * and this expands to `static void name(a, begin, end, nt_ok)`, which calls it once per (grad dtype, low-precision
  * dtype) pair with constant dtypes, so each of the nine pairs compiles to its own loop with the dtype
  * branches folded away. It reads the arguments from a local copy: float stores through param / m / v may
  * not alias these constants, so they stay in registers. */
 #define GA_ADAM_CASE_(G, L) \
-    case (G) * 4 + (L): adam_impl(&A, begin, end, (G), (L)); break;
-#define GA_DEFINE_ADAM_DISPATCH(name)                                            \
-    static void name(const ga_adam_args *a, int64_t begin, int64_t end) {        \
+    case (G) * 4 + (L): adam_impl(&A, begin, end, (G), (L), nt_ok); break;
+#define GA_DEFINE_ADAM_DISPATCH(name)                                                    \
+    static void name(const ga_adam_args *a, int64_t begin, int64_t end, int nt_ok) {     \
         const ga_adam_args A = *a;                                               \
         switch (A.grad_dtype * 4 + A.lowp_dtype) {                               \
             GA_ADAM_CASE_(GA_F32, GA_NONE) GA_ADAM_CASE_(GA_F32, GA_BF16)        \

@@ -89,7 +89,8 @@ AI void tail4(const ga_adam_args *A, const consts4 *C, int64_t i, int64_t r, int
     if (ldt != GA_NONE) memcpy((uint16_t *)A->lowp_out + i, lb, h);
 }
 
-AI void adam_impl(const ga_adam_args *A, int64_t begin, int64_t end, int gdt, int ldt) {
+AI void adam_impl(const ga_adam_args *A, int64_t begin, int64_t end, int gdt, int ldt, int nt_ok) {
+    (void)nt_ok; /* no streaming stores (STNP) on ARM yet: untuned there */
     consts4 C;
     int64_t i = begin;
     C.gs = vdupq_n_f32(A->grad_scale);

@@ -33,7 +33,7 @@ static inline void adam_one(const ga_adam_args *a, int64_t i) {
     else if (a->lowp_dtype == GA_F16) ((uint16_t *)a->lowp_out)[i] = ga_f32_to_f16(p);
 }
 
-static void adam_scalar(const ga_adam_args *a, int64_t begin, int64_t end) {
+static void adam_scalar(const ga_adam_args *a, int64_t begin, int64_t end, int nt_ok) {
     /* A local copy: float stores through param/m/v may not alias these constants, so the compiler can
      * keep them in registers and hoist the loop-invariant branches. */
     const ga_adam_args A = *a;

@@ -25,7 +25,8 @@ AI svuint32_t cvt_bf16(svbool_t pg, svfloat32_t p) {
     return svsel_u32(svcmpuo_f32(pg, p, p), svdup_n_u32(0x7FC0), r);
 }
 
-AI void adam_impl(const ga_adam_args *A, int64_t begin, int64_t end, int gdt, int ldt) {
+AI void adam_impl(const ga_adam_args *A, int64_t begin, int64_t end, int gdt, int ldt, int nt_ok) {
+    (void)nt_ok; /* no streaming stores on ARM yet: untuned there */
     const svfloat32_t gs = svdup_n_f32(A->grad_scale), wd = svdup_n_f32(A->weight_decay);
     const svfloat32_t decay = svdup_n_f32(A->decay), lerp_c = svdup_n_f32(A->lerp_c);
     const svfloat32_t beta2 = svdup_n_f32(A->beta2), omb2 = svdup_n_f32(A->one_minus_beta2);

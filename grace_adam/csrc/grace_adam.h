@@ -17,8 +17,9 @@ extern "C" {
 #endif
 
 /* Bumped whenever the struct below or the exported functions change (3: ga_sizeof_adam_args,
- * ga_status_name). The Python loader refuses a library with another version. */
-#define GA_ABI_VERSION 3
+ * ga_status_name; 4: ga_set_affinity, ga_get_affinity, ga_first_touch, ga_set_nt_threshold,
+ * ga_get_nt_threshold). The Python loader refuses a library with another version. */
+#define GA_ABI_VERSION 4
 
 #if defined(__GNUC__)
 #define GA_API __attribute__((visibility("default")))
@@ -116,6 +117,35 @@ GA_API int ga_stream7(float *a, const float *b, float *c, float *d, int64_t n, i
 
 GA_API int ga_set_num_threads(int n);
 GA_API int ga_get_num_threads(void);
+
+/*
+ * Pin the pool (Linux): worker k runs on cpus[(k-1) % n] and the calling thread takes no share of the
+ * work (it waits), so a job runs on exactly these CPUs; also sets the default thread count to n. Each CPU
+ * must be in the process's affinity mask (GA_EINVAL otherwise). n == 0 unpins: workers may run anywhere
+ * in the mask again and the caller works again (the thread count is left as it is). Elsewhere: n == 0 is
+ * GA_OK, pinning is GA_EUNSUPPORTED and changes nothing. Results never depend on pinning.
+ */
+GA_API int ga_set_affinity(const int32_t *cpus, int n);
+/* The pinned CPUs: copies up to cap of them to cpus, returns how many there are (0: not pinned). */
+GA_API int ga_get_affinity(int32_t *cpus, int cap);
+
+/*
+ * Zero n elements of elem_size bytes (1, 2, 4 or 8) at p, each home range written by the thread that an
+ * Adam pass over n fp32 elements with the same nthreads gives that range first, so that on a NUMA host
+ * the pages of a fresh (never touched) allocation land on the node of the thread that will step them.
+ * Useful with pinned threads (ga_set_affinity): unpinned threads may move between nodes.
+ */
+GA_API int ga_first_touch(void *p, int64_t n, int32_t elem_size, int nthreads);
+
+/*
+ * Streaming (non-temporal) stores are used for the outputs a pass writes but does not read (out-of-place
+ * state, param_out, lowp_out) only when the pass moves at least this many bytes in all (reads + writes):
+ * a smaller bucket stays in cache, where plain stores leave its outputs for their next reader. The
+ * default is the last-level cache size (sysconf), 32 MiB where unknown, or GRACE_ADAM_NT_THRESHOLD
+ * (bytes) when set; 0 = always, a huge value = never. Values are the same either way.
+ */
+GA_API int ga_set_nt_threshold(int64_t bytes);
+GA_API int64_t ga_get_nt_threshold(void);
 /* Minimum elements per thread before another thread is used (tests lower it to exercise splits). */
 GA_API int ga_set_min_chunk(int64_t n);
 GA_API int ga_set_isa(int isa); /* GA_EUNSUPPORTED if not compiled in or not supported by this CPU */
