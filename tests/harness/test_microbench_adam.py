@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+import grace_adam.pool
 from superoffload.cli.main import main as cli_main
 from superoffload.harness import record
 
@@ -30,6 +31,37 @@ def test_bench_adam_record(tmp_path, capsys):
                    if h["group"] == group and not n.startswith("grace"))
         assert best == pytest.approx(1.0)
     assert "host:speculative:grace_double_buffer" in capsys.readouterr().out
+
+
+def test_bench_adam_thread_scaling(tmp_path, capsys, monkeypatch):
+    """`--threads 1,2`: GB/s per thread count beside torch fused's and DeepSpeed's, the ratio to the best,
+    and a count above the usable CPUs marked oversubscribed (the CPU count is lowered to 1 so that 2 is);
+    also the --pin and --first-touch paths, in the same run."""
+    from superoffload.harness.microbench import adam
+
+    monkeypatch.setattr(adam, "usable_cpus", lambda: 1)
+    out = tmp_path / "adam.json"
+    assert cli_main(["bench", "adam", "--numel", "40K", "--threads", "1,2", "--repeats", "2", "--pin",
+                     "--first-touch", "--out", str(out)]) == 0
+    rec = record.read_result(out, "adam_bench")  # validated against adam_bench.schema.json
+    assert rec["usable_cpus"] == 1 and rec["first_touch"] is True
+    assert [(m["threads"], m["oversubscribed"]) for m in rec["measurements"]] == [(1, False), (2, True)]
+    assert all(m["grace_pinned"] is grace_adam.pool.pinning_supported() for m in rec["measurements"])
+    lines = capsys.readouterr().out.splitlines()
+    head = lines.index(next(x for x in lines if x.startswith("GB/s at 28 B/param by thread count")))
+    assert "(1 usable CPUs; GraceAdam pool" in lines[head] and "first touch by its threads" in lines[head]
+    assert lines[head + 1].split() == ["numel", "thr", "grace_adam", "torch_fused", "deepspeed", "grace/best"]
+    for m, row in zip(rec["measurements"], lines[head + 2:head + 4], strict=True):
+        ks, cells = m["kernels"], row.split()
+        assert [int(cells[0]), int(cells[1])] == [40 << 10, m["threads"]]
+        assert float(cells[2]) == pytest.approx(ks["grace_adam"]["gb_per_s"], abs=0.051)
+        assert float(cells[3]) == pytest.approx(ks["torch_fused"]["gb_per_s"], abs=0.051)
+        if "deepspeed_cpu_adam" in ks:
+            assert float(cells[4]) == pytest.approx(ks["deepspeed_cpu_adam"]["gb_per_s"], abs=0.051)
+        else:
+            assert cells[4] == "skipped"
+        assert cells[5] == f"{ks['grace_adam']['speedup_vs_best_peer']:.2f}x"
+        assert ("oversubscribed (2 threads > 1 CPUs)" in row) is m["oversubscribed"]
 
 
 @pytest.mark.parametrize("args", [["--numel", "12Q"], ["--numel", "0"], ["--threads", "0"], ["--repeats", "0"]])

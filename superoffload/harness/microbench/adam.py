@@ -26,6 +26,15 @@ set it: by default libgomp's idle threads spin after every torch / DeepSpeed par
 the cores GraceAdam's own thread pool (or the next OpenMP region) needs (docs/results.md, "GraceAdam",
 has the size of that effect).
 
+Thread scaling (`--threads 1,2,4,8,16`): after the full table, one line per (numel, threads) with
+GraceAdam's, torch fused's and DeepSpeed's GB/s and GraceAdam's ratio to the best of the two. A thread
+count above the CPUs this process may use is run anyway and marked oversubscribed: the kernels then
+time-share cores, which measures how each copes with that (GraceAdam's pool balances the work across
+its threads, `docs/grace_adam.md`), not the memory system. `--pin` pins GraceAdam's pool to the first
+N CPUs of the affinity mask (`grace_adam.set_affinity`; torch's and DeepSpeed's OpenMP threads are left
+as they are); `--first-touch` allocates the shared buffers with `grace_adam.pool.zeros`, so their pages
+are first written by GraceAdam's threads in the split its pass uses (on a NUMA host, on their nodes).
+
 The first run on a machine JIT-builds DeepSpeed's CPU Adam op (~1-2 min, cached in
 TORCH_EXTENSIONS_DIR); a line says so first (superoffload/ds_build.py). The output is one JSON
 file following superoffload/harness/adam_bench.schema.json, validated before it is written.
@@ -71,26 +80,38 @@ def _time_interleaved(fns: dict[str, Callable[[], Any]], repeats: int, warmup: i
     return {k: summarize(v) for k, v in times.items()}
 
 
-def _state(numel: int, seed: int = 0) -> list:
-    """p, g, m, v with magnitudes of a model a few steps into training."""
+def _state(numel: int, seed: int = 0, place_threads: int | None = None) -> list:
+    """p, g, m, v with magnitudes of a model a few steps into training. With ``place_threads``, the
+    buffers' pages are first written by GraceAdam's pool in its pass's split (grace_adam.pool.zeros)."""
     import torch
 
+    from grace_adam.pool import zeros
+
     gen = torch.Generator().manual_seed(seed)
-    p = torch.randn(numel, generator=gen)
-    g = torch.randn(numel, generator=gen) * 1e-2
-    m = torch.randn(numel, generator=gen) * 1e-3
-    v = torch.rand(numel, generator=gen) * 1e-6
-    return [p, g, m, v]
+    bufs = [zeros(numel, threads=place_threads) if place_threads else torch.empty(numel) for _ in range(4)]
+    p, g, m, v = bufs
+    p.normal_(generator=gen)
+    g.normal_(generator=gen).mul_(1e-2)
+    m.normal_(generator=gen).mul_(1e-3)
+    v.uniform_(generator=gen).mul_(1e-6)
+    return bufs
 
 
-def _measure_one(numel: int, threads: int, repeats: int) -> dict[str, Any]:
+def pin_cpus(threads: int) -> list[int]:
+    """The CPUs `--pin` gives GraceAdam's pool at ``threads``: the first ones of the affinity mask, wrapping
+    around when there are fewer CPUs than threads."""
+    mask = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    return [mask[k % len(mask)] for k in range(threads)]
+
+
+def _measure_one(numel: int, threads: int, repeats: int, first_touch: bool = False) -> dict[str, Any]:
     """All kernels at one size and thread count, in this process, on one set of buffers."""
     import torch
 
     import grace_adam
 
     torch.set_num_threads(threads)
-    p, g, m, v = _state(numel)
+    p, g, m, v = _state(numel, place_threads=threads if first_touch else None)
     lr, (b1, b2), eps, wd = HYPER["lr"], HYPER["betas"], HYPER["eps"], HYPER["weight_decay"]
     res: dict[str, Any] = {"numel": numel, "threads": threads, "kernels": {}, "host_phase": {}, "skipped": {}}
     step = [1]
@@ -226,7 +247,13 @@ def format_table(rec: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def run(numels: list[int], threads: list[int], repeats: int, out: str | None) -> dict[str, Any]:
+def usable_cpus() -> int:
+    """CPUs this process may run on: a thread count above it is oversubscribed."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def run(numels: list[int], threads: list[int], repeats: int, out: str | None, pin: bool = False,
+        first_touch: bool = False) -> dict[str, Any]:
     """Measure every size at every thread count (one subprocess per thread count); write one record."""
     import grace_adam
     from superoffload.harness.provenance import collect
@@ -234,15 +261,19 @@ def run(numels: list[int], threads: list[int], repeats: int, out: str | None) ->
     _prepare_deepspeed()
     measurements = []
     load_before = os.getloadavg()
+    cpus = usable_cpus()
     for t in threads:
         env = dict(os.environ, OMP_NUM_THREADS=str(t), GRACE_ADAM_NUM_THREADS=str(t))
         env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        env.pop("GRACE_ADAM_CPUS", None)  # the pool's CPUs are this run's choice (--pin), not the caller's
         cmd = [sys.executable, "-m", "superoffload.harness.microbench.adam", "--worker",
                "--numel", ",".join(map(str, numels)), "--threads", str(t), "--repeats", str(repeats)]
+        cmd += ["--pin"] * pin + ["--first-touch"] * first_touch
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
         if proc.returncode != 0:
             raise RuntimeError(f"benchmark worker (threads={t}) failed:\n{proc.stderr[-4000:]}")
-        measurements += json.loads(proc.stdout.strip().splitlines()[-1])
+        for m in json.loads(proc.stdout.strip().splitlines()[-1]):
+            measurements.append({**m, "oversubscribed": t > cpus})
     rec = {
         "kind": "adam_bench",
         "schema_version": 1,
@@ -254,6 +285,8 @@ def run(numels: list[int], threads: list[int], repeats: int, out: str | None) ->
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
         "grace_native": grace_adam.native_available(),
         "provenance": collect("cpu"),
+        "usable_cpus": cpus,
+        "first_touch": first_touch,
         # other processes on the machine make numbers noisy: keep the load average with them
         "loadavg_before": list(load_before),
         "loadavg_after": list(os.getloadavg()),
@@ -287,6 +320,25 @@ def _csv_ints(text: str, parse: Callable[[str], int] = int) -> list[int]:
     return [parse(x) for x in text.split(",") if x.strip()]
 
 
+def format_scaling(rec: dict[str, Any]) -> str:
+    """One line per (numel, threads): GraceAdam's GB/s beside torch fused's and DeepSpeed's, and its ratio to
+    the faster of the two; thread counts above the usable CPUs are marked."""
+    cpus = rec.get("usable_cpus")
+    pinned = all(r.get("grace_pinned") for r in rec["measurements"])
+    lines = [f"GB/s at {rec['bytes_per_param']} B/param by thread count ({cpus} usable CPUs; GraceAdam pool "
+             f"{'pinned' if pinned else 'not pinned'}, first touch "
+             f"{'by its threads' if rec.get('first_touch') else 'serial'})",
+             f"{'numel':>10} {'thr':>4} {'grace_adam':>10} {'torch_fused':>11} {'deepspeed':>10} {'grace/best':>10}"]
+    for r in rec["measurements"]:
+        ks = r["kernels"]
+        ds = f"{ks['deepspeed_cpu_adam']['gb_per_s']:10.1f}" if "deepspeed_cpu_adam" in ks else f"{'skipped':>10}"
+        mark = f"  oversubscribed ({r['threads']} threads > {cpus} CPUs)" if r.get("oversubscribed") else ""
+        grace = ks["grace_adam"]
+        lines.append(f"{r['numel']:>10} {r['threads']:>4} {grace['gb_per_s']:10.1f} "
+                     f"{ks['torch_fused']['gb_per_s']:11.1f} {ds} {grace['speedup_vs_best_peer']:9.2f}x{mark}")
+    return "\n".join(lines)
+
+
 def _main(args: argparse.Namespace) -> int:
     try:
         numels = _csv_ints(args.numel, _parse_numel)
@@ -298,8 +350,10 @@ def _main(args: argparse.Namespace) -> int:
         print("superoffload bench adam: error: need --numel and --threads values >= 1 (e.g. --numel 16M,64M "
               "--threads 1,2) and --repeats >= 1", file=sys.stderr)
         return 2
-    rec = run(numels, threads, args.repeats, args.out)
+    rec = run(numels, threads, args.repeats, args.out, pin=args.pin, first_touch=args.first_touch)
     print(format_table(rec))
+    print()
+    print(format_scaling(rec))
     if args.out:
         print(f"wrote {args.out}")
     return 0
@@ -310,10 +364,16 @@ def add_cli(subparsers: argparse._SubParsersAction) -> None:
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--numel", default=",".join(str(n) for n in DEFAULT_NUMELS),
                    help="comma-separated element counts, suffixes K/M/G allowed (default 4M)")
-    p.add_argument("--threads", default="1", help="comma-separated thread counts (default 1)")
+    p.add_argument("--threads", default="1",
+                   help="comma-separated thread counts (default 1); counts above this machine's CPUs run anyway "
+                        "and are marked oversubscribed")
     p.add_argument("--repeats", type=int, default=11,
                    help="timed rounds after one warm-up round; each round calls every kernel once (default 11)")
     p.add_argument("--out", default=None, help="write the JSON record here (atomically)")
+    p.add_argument("--pin", action="store_true",
+                   help="pin GraceAdam's pool to the first N CPUs of the affinity mask at N threads")
+    p.add_argument("--first-touch", action="store_true",
+                   help="allocate the buffers with grace_adam.pool.zeros (pages first written by GraceAdam's threads)")
     p.set_defaults(func=_main)
 
 
@@ -323,8 +383,16 @@ def _worker(argv: list[str]) -> int:
     ap.add_argument("--numel", required=True)
     ap.add_argument("--threads", type=int, required=True)
     ap.add_argument("--repeats", type=int, required=True)
+    ap.add_argument("--pin", action="store_true")
+    ap.add_argument("--first-touch", action="store_true")
     a = ap.parse_args(argv)
-    out = [_measure_one(n, a.threads, a.repeats) for n in _csv_ints(a.numel)]
+    pinned = False
+    if a.pin:
+        import grace_adam
+
+        pinned = grace_adam.set_affinity(pin_cpus(a.threads))  # False where the platform cannot pin
+    out = [{**_measure_one(n, a.threads, a.repeats, a.first_touch), "grace_pinned": pinned}
+           for n in _csv_ints(a.numel)]
     print(json.dumps(out))
     return 0
 
