@@ -1,9 +1,10 @@
 """Start W processes as the ranks of one gloo job on 127.0.0.1 and wait for them, never forever.
 
 The multi-rank tests (engine, sequence parallelism, finetune) share this: every rank is a subprocess with
-one OpenMP thread and its output in ``out/rank{r}.log``; the launcher kills any rank still running after
-``timeout`` seconds (each test also gives its process group a short timeout, so a broken collective ends
-a rank with an error well before that).
+one OpenMP thread and its output in ``out/rank{r}.log``. Each test gives its process group a timeout, so a
+broken collective ends a rank with an error; the launcher kills every rank once the job has made no progress
+for ``timeout`` seconds (tests/_watchdog.py: no rank wrote to its log or under ``out``, and the ranks used no
+CPU), so a hang fails the test and a busy machine, which only slows the ranks down, does not.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+
+from tests._watchdog import Progress, kill_tree
 
 REPO = Path(__file__).resolve().parents[1]
 # variables a launcher (torchrun, an outer test) may have set that would confuse a rank
@@ -57,6 +60,7 @@ def launch(world: int, command: Callable[[int], list[str]], out: Path, *, env: d
            timeout: float = 240.0, wait_for: Iterable[int] | None = None,
            rank_vars: Callable[[int], dict[str, str]] | None = None) -> Ended:
     """Run ``command(rank)`` (argv after the Python interpreter) for every rank, from the repository root.
+    ``timeout``: seconds without progress (module docstring) after which every rank still running is killed.
     ``wait_for``: the ranks whose end is awaited (default all); the others are killed once those have ended.
     ``rank_vars(rank)``: environment variables of that rank only (torchrun's RANK etc.)."""
     out.mkdir(parents=True, exist_ok=True)
@@ -70,8 +74,9 @@ def launch(world: int, command: Callable[[int], list[str]], out: Path, *, env: d
     awaited = list(range(world) if wait_for is None else wait_for)
     ended: list[float | None] = [None] * world
     killed = [False] * world
+    progress = Progress([p.pid for p, _ in procs], [out])
     try:
-        while time.monotonic() < t0 + timeout and any(ended[r] is None for r in awaited):
+        while any(ended[r] is None for r in awaited) and progress.idle_s() <= timeout:
             for r, (p, _) in enumerate(procs):
                 if ended[r] is None and p.poll() is not None:
                     ended[r] = time.monotonic() - t0
@@ -80,7 +85,7 @@ def launch(world: int, command: Callable[[int], list[str]], out: Path, *, env: d
         for r, (p, log) in enumerate(procs):
             if p.poll() is None:
                 killed[r] = True
-                p.kill()
+                kill_tree(p.pid)
                 p.wait()
             log.close()
     wall = [e if e is not None else time.monotonic() - t0 for e in ended]
