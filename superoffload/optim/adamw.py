@@ -8,10 +8,13 @@ already have (a plain torch loop, Accelerate, the Hugging Face Trainer, TRL):
         opt.step()               # validation (the one synchronization), then the weights return
         opt.zero_grad()
 
-What torch.optim.AdamW does, this does: the same arguments and defaults, `param_groups` that any
-`torch.optim.lr_scheduler` drives (read at every step, so a change mid-run takes effect), weight decay
-on every parameter it is given, several `backward()` calls before `step()` summed, parameters without
-a gradient not stepped, `state_dict()` / `load_state_dict()`, closures. What it adds: the fp32 master
+What torch.optim.AdamW takes, this takes (tensors or named tensors that require grad, or param groups;
+per-group lr, betas, eps, weight_decay, amsgrad, maximize; the implementation flags as torch accepts them,
+optim/arguments.py), and what it does, this does: `param_groups` that any `torch.optim.lr_scheduler`
+drives (read at every step, so a change mid-run takes effect), several `backward()` calls before `step()`
+summed, a gradient assigned to `.grad` stepped like one from backward (optim/grads.py), parameters without
+a gradient not stepped, `state` and `state_dict()` in torch's schema (optim/state.py, optim/schema.py),
+torch's state-dict and step hooks, closures, `copy.deepcopy` and pickling. What it adds: the fp32 master
 weights and both moments live on the host; the host step runs during backward (speculation, validated
 exactly, docs/engine.md); `max_grad_norm` clips by the global norm under that overlap, and so does
 `torch.nn.utils.clip_grad_norm_` over the parameters it trains (optim/clip.py).
@@ -31,26 +34,26 @@ import torch.nn as nn
 
 from superoffload.engine.config import ConfigError, SuperOffloadConfig, load_config_file
 from superoffload.engine.engine import SuperOffloadEngine
+from superoffload.optim import arguments, schema
 from superoffload.optim import clip as clip_hook
+from superoffload.optim.grads import GradTracker, claim
 from superoffload.optim.planning import LAYOUT_KEYS, LazyPlan
+from superoffload.optim.state import TorchState, foreign_engine_sd, own_engine_sd
 
-# options of torch.optim.AdamW's groups that this optimizer cannot honour, with what to do instead
-_REFUSED_GROUP_OPTIONS = {
-    "maximize": "negate the loss instead",
-    "capturable": "CUDA graph capture of the step is not supported (the step runs on the host)",
-    "differentiable": "the step runs on the host, outside autograd",
-}
+FORMAT = 2  # the "superoffload_adamw" version of state_dict(); 1: the engine's dict alone (still loaded)
 
 
 class _ParamHolder(nn.Module):
     """The parameters alone, when no model is given: names for the engine's checkpoints
-    ("group{g}.{i}"), and nothing to hook."""
+    ("group{g}_{i}", by position, so two optimizers over equal parameters name them alike), and nothing
+    to hook. Plain tensors that require grad are held as they are (torch's optimizers take them;
+    `register_parameter` would want an nn.Parameter)."""
 
     def __init__(self, groups: list[dict[str, Any]]) -> None:
         super().__init__()
         for gi, g in enumerate(groups):
             for i, p in enumerate(g["params"]):
-                self.register_parameter(f"group{gi}_{i}", p)
+                self._parameters[f"group{gi}_{i}"] = p
 
 
 def _dtype_of(params: list[torch.Tensor]) -> str:
@@ -113,7 +116,8 @@ class AdamW(torch.optim.Optimizer):
 
     Precision defaults to the parameters' dtype (bf16 weights train with fp32 masters on the host),
     the device to theirs. fp16 weights need loss scaling, which a plain `loss.backward()` cannot get:
-    use bf16 (or `superoffload.initialize`, whose `engine.backward()` scales).
+    use bf16 (or `superoffload.initialize`, whose `engine.backward()` scales). With no parameter that
+    requires grad there is no engine, and `step()` changes nothing (as torch's).
     """
 
     # torch's GradScaler calls step() of such an optimizer directly, after setting grad_scale/found_inf:
@@ -121,46 +125,56 @@ class AdamW(torch.optim.Optimizer):
     _step_supports_amp_scaling = True
 
     def __init__(self, params: Iterable[Any], lr: float | torch.Tensor = 1e-3,
-                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 1e-2,
+                 betas: tuple[Any, Any] = (0.9, 0.999), eps: float = 1e-8, weight_decay: float = 1e-2,
                  amsgrad: bool = False, *, maximize: bool = False, foreach: bool | None = None,
                  capturable: bool = False, differentiable: bool = False, fused: bool | None = None,
                  max_grad_norm: float = 0.0, model: nn.Module | None = None,
                  config: SuperOffloadConfig | dict | str | os.PathLike | None = None, plan: bool = True,
                  hardware: str | None = None, process_group: Any = None, **options: Any) -> None:
-        lr_value = float(lr)
-        if not lr_value >= 0.0:
-            raise ValueError(f"Invalid learning rate: {lr}")
-        if not eps >= 0.0:
-            raise ValueError(f"Invalid epsilon value: {eps}")
-        for i, b in enumerate(betas):
-            if not 0.0 <= float(b) < 1.0:
-                raise ValueError(f"Invalid beta parameter at index {i}: {b}")
-        if not weight_decay >= 0.0:
-            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+        betas = arguments.check_hyperparameters(lr, betas, eps, weight_decay, foreach=foreach, capturable=capturable)
         if not (isinstance(max_grad_norm, (int, float)) and max_grad_norm >= 0):
             raise ValueError(f"max_grad_norm must be a number >= 0 (0 disables clipping), got {max_grad_norm!r}")
+        # what a copy (deepcopy, pickle) is built with again; the groups carry the hyper-parameters
+        self._init_kwargs = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay, "amsgrad": amsgrad,
+                             "maximize": maximize, "foreach": foreach, "capturable": capturable,
+                             "differentiable": differentiable, "fused": fused, "max_grad_norm": max_grad_norm,
+                             "model": model, "config": config, "plan": plan, "hardware": hardware,
+                             "process_group": process_group, **options}
         defaults = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay, "amsgrad": amsgrad,
                     "maximize": maximize, "foreach": foreach, "capturable": capturable,
-                    "differentiable": differentiable, "fused": fused}
+                    "differentiable": differentiable, "fused": fused, "decoupled_weight_decay": True}
         self._engine: SuperOffloadEngine | None = None
         super().__init__(params, defaults)
-        for gi, g in enumerate(self.param_groups):
-            for key, why in _REFUSED_GROUP_OPTIONS.items():
-                if g.get(key):
-                    raise ValueError(f"superoffload.AdamW: {key}=True (param group {gi}) is not supported: {why}")
-            if bool(g["amsgrad"]) != bool(amsgrad):
-                raise ValueError(f"superoffload.AdamW: param group {gi} sets amsgrad={g['amsgrad']}; amsgrad is one "
-                                 f"setting for the whole optimizer here")
-        trained = [p for g in self.param_groups for p in g["params"]]
+        arguments.check_flags(fused, foreach, differentiable)
+        arguments.check_no_duplicates(self.param_groups)
+        all_amsgrad = arguments.check_groups(self.param_groups)
+        self.state = TorchState(self)  # type: ignore[assignment]
+        self.model = model
+        self._superseded = ""
+        self._loads = 0
+        self._owned: frozenset[int] = frozenset()
+        self._grads: GradTracker | None = None
         _refuse_wrapped(model)
         explicit = self._explicit_options(config, options, max_grad_norm)
-        self.model = model
-        cfg = self._config(explicit, trained, lr_value, betas, eps, weight_decay, amsgrad, model)
         self._plan = LazyPlan(self, explicit, enabled=plan, hardware=hardware)
-        self._engine = SuperOffloadEngine(model if model is not None else _ParamHolder(self.param_groups), cfg,
-                                          process_group=process_group, optimizer=self, drive="plain")
-        self._plan.attach(self._engine)
-        self._owned = frozenset(id(s.param) for s in self._engine.slots)
+        trained = [p for p in dict.fromkeys(p for g in self.param_groups for p in g["params"]) if p.requires_grad]
+        if trained:
+            arguments.check_trainable(trained)
+            cfg = self._config(explicit, trained, float(lr), betas, eps, weight_decay, all_amsgrad, model)
+            self._build(cfg, model, process_group)
+        self._built = True
+
+    def _build(self, cfg: dict[str, Any], model: nn.Module | None, process_group: Any) -> None:
+        """The engine over the trained parameters, and the facade's hooks on them."""
+        e = SuperOffloadEngine(model if model is not None else _ParamHolder(self.param_groups), cfg,
+                               process_group=process_group, optimizer=self, drive="plain")
+        self._engine = e
+        self._plan.attach(e)
+        params = [s.param for s in e.slots]
+        self._owned = frozenset(id(p) for p in params)
+        group_of = {id(p): gi for gi, g in enumerate(self.param_groups) for p in g["params"]}
+        self._grads = GradTracker(self, params, group_of)
+        claim(self, params)
         clip_hook.install()
         clip_hook.register(self)
 
@@ -224,15 +238,18 @@ class AdamW(torch.optim.Optimizer):
                               "weight_decay": weight_decay, "adamw": True, "amsgrad": bool(amsgrad)}}
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
-        if self._engine is not None:
+        if getattr(self, "_built", False):
             raise RuntimeError("superoffload.AdamW: parameter groups are fixed at construction (the engine lays "
                                "out its buffers over them); give every group to the constructor")
         super().add_param_group(param_group)
 
-    # --- the engine ----------------------------------------------------------------------------------
+    # --- the engine ---------------------------------------------------------------------------------
     @property
     def engine(self) -> SuperOffloadEngine:
-        assert self._engine is not None
+        self._check_live()
+        if self._engine is None:
+            raise RuntimeError("superoffload.AdamW has no engine: none of its parameters required grad when it was "
+                               "built")
         return self._engine
 
     @property
@@ -252,7 +269,7 @@ class AdamW(torch.optim.Optimizer):
 
     def owns(self, p: torch.Tensor) -> bool:
         """Whether `p` is one of the parameters this optimizer trains."""
-        return id(p) in self._owned
+        return id(p) in self._owned and not self._superseded
 
     def synchronize(self) -> None:
         """Wait for every pending weight return (needed before reading `param.data` directly after step()
@@ -260,14 +277,31 @@ class AdamW(torch.optim.Optimizer):
         self.engine.synchronize()
 
     def close(self) -> None:
-        """Stop the host worker and remove the engine's hooks (the parameters keep their values)."""
+        """Stop the host worker and remove the engine's and the facade's hooks (the parameters keep their
+        values)."""
+        if self._grads is not None:
+            self._grads.remove()
         self.engine.close()
+
+    def _supersede(self) -> None:
+        """A later superoffload.AdamW took these parameters over (optim/grads.py `claim`)."""
+        if self._superseded:
+            return
+        self.close()
+        self._superseded = ("this superoffload.AdamW no longer trains its parameters: a superoffload.AdamW built later "
+                            "over the same parameters took them over (one optimizer trains a parameter at a time: its "
+                            "engine takes the gradients); use that one")
+        clip_hook.unregister(id(self))
+
+    def _check_live(self) -> None:
+        if self._superseded:
+            raise RuntimeError(self._superseded)
 
     # --- torch.optim.Optimizer -----------------------------------------------------------------------
     def step(self, closure: Any = None) -> Any:  # type: ignore[override]
-        """One optimizer step over the gradients of the backward passes since the last one (a no-op when
-        there were none, as in torch). With a closure: it is called (with grad enabled) first, and its
-        loss returned."""
+        """One optimizer step over the gradients since the last one: those of the backward passes and any
+        assigned to `.grad` (a no-op when there were none, as in torch). With a closure: it is called
+        (with grad enabled) first, and its loss returned."""
         clip_hook.wrap_accelerate()  # accelerate imported after this optimizer was built (optim/clip.py)
         loss = None
         if closure is not None:
@@ -277,18 +311,40 @@ class AdamW(torch.optim.Optimizer):
             raise RuntimeError("superoffload.AdamW under a torch GradScaler: the engine takes gradients during "
                                "backward, so the scaler can neither unscale nor check them. Train in bf16 "
                                "(precision='bf16'; Accelerate mixed_precision='bf16') without a GradScaler")
+        self._check_live()
+        e = self._engine
+        if e is None:
+            self._check_untrained_grads()
+            return loss
+        arguments.check_groups(self.param_groups, e.config.optimizer.amsgrad)
         self._check_unfrozen()
-        e = self.engine
         e._check_usable()
-        with torch.no_grad():
-            self._plan.before_first_step()
-            e._plain.step()
+        if self.state.edited():
+            self._load_state(self.state_dict(), hooks=False)  # state tensors edited in place: into the engine
+        try:
+            self._grads.replay([s.param for s in e.slots])
+            with torch.no_grad():
+                self._plan.before_first_step()
+                e._plain.step()
+        finally:
+            self.state.invalidate()
+            self._grads.after_step()
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Discard the gradients of the backward passes since the last step (torch's zero_grad).
-        set_to_none=False zeroes the gradients still held in `.grad` instead of dropping them."""
-        e = self.engine
+        """Discard the gradients since the last step (torch's zero_grad). set_to_none=False zeroes the
+        gradients still held in `.grad` instead of dropping them."""
+        self._check_live()
+        for p in (p for g in self.param_groups for p in g["params"]):
+            if p.grad is not None and not self.owns(p):  # not the engine's: as torch does
+                if set_to_none:
+                    p.grad = None
+                else:
+                    p.grad.detach_().zero_() if p.grad.grad_fn is not None else p.grad.requires_grad_(False).zero_()
+        e = self._engine
+        if e is None:
+            return
+        self._grads.forget()
         if set_to_none:
             e._plain.zero_grad()
             return
@@ -321,6 +377,7 @@ class AdamW(torch.optim.Optimizer):
         e = self.engine
         e._check_usable()
         self._check_unfrozen()
+        self._grads.replay([s.param for s in e.slots])  # assigned gradients count in the norm, as in torch
         if not e._plain.has_gradients:
             return 0.0
         with torch.no_grad():
@@ -328,44 +385,140 @@ class AdamW(torch.optim.Optimizer):
             e._plain.complete()
             return e.step_grad_norm(max_norm)
 
+    # --- state dicts ---------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """This rank's optimizer state: fp32 masters, both moments and step counts (for this rank's shard
-        with several ranks), the param groups' hyper-parameters, the bucket layout. Before the first step
-        it holds no tensors (like torch's): the state is still the weights as given."""
-        e = self.engine
-        if e._plain.has_gradients:
-            raise RuntimeError("superoffload.AdamW.state_dict() between backward() and step(): the engine "
-                               "holds this step's gradients; call step() (or zero_grad()) first, then save")
-        groups = [{k: v for k, v in g.items() if k not in ("params", "param_names")} for g in self.param_groups]
-        if e.global_step == 0 and not e.layout_measured:
-            return {"superoffload_adamw": 1, "fresh": True, "param_groups": groups}
-        # the knobs the bucket layout was built with (the plan's, made at the first step): a resume builds the same
-        knobs = {k: getattr(e.config, k) for k in LAYOUT_KEYS}
-        return {"superoffload_adamw": 1, "fresh": False, "engine": e.state_dict(), "engine_config": knobs}
+        """torch's schema (`state` by parameter index with `step`, `exp_avg`, `exp_avg_sq`[,
+        `max_exp_avg_sq`]; `param_groups` with every hyper-parameter and the parameters' indices), torch's
+        hooks run around it, and the engine's part beside it: this rank's fp32 masters and moments (the
+        same tensors as the torch part's), the step counts, the loss scale, the bucket layout and the knobs
+        it was built with. Before the first step the engine's part is None (no tensors, like torch's
+        state: the weights are the masters). torch.optim.AdamW loads it (it ignores the extra keys)."""
+        for hook in self._optimizer_state_dict_pre_hooks.values():
+            hook(self)
+        sd = self._pack()
+        for hook in self._optimizer_state_dict_post_hooks.values():
+            result = hook(self, sd)
+            if result is not None:
+                sd = result
+        return sd
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load `state_dict()` output (this rank's at the same world size, or every rank's list of them to
-        re-shard). The model's weights become the loaded fp32 masters, cast."""
-        e = self.engine
-        sds = state_dict if isinstance(state_dict, list) else [state_dict]
-        if any(not isinstance(d, dict) or "superoffload_adamw" not in d for d in sds):
-            raise ValueError("not a superoffload.AdamW state_dict (a torch.optim one cannot be loaded: it has no "
-                             "fp32 masters, and its moments are per parameter, not per shard)")
-        if sds[0]["fresh"]:
-            if e.global_step or e.layout_measured:
-                raise ValueError("this state_dict was taken before the first step and holds no optimizer state; "
-                                 "it cannot be loaded into an optimizer that has stepped")
-            for g, saved in zip(self.param_groups, sds[0]["param_groups"], strict=True):
+    def _pack(self) -> dict[str, Any]:
+        self._check_live()
+        sd = schema.pack(self.param_groups, self.state)
+        e = self._engine
+        if e is None:
+            return sd
+        if e.global_step == 0 and not e.layout_measured and not self._loads:
+            return {**sd, "engine": None, "superoffload_adamw": FORMAT}
+        snap = self.state.snapshot()
+        knobs = {k: getattr(e.config, k) for k in LAYOUT_KEYS}  # a resume builds the same buckets with them
+        return {**sd, "engine": snap.engine_sd, "engine_config": knobs, "superoffload_adamw": FORMAT}
+
+    def load_state_dict(self, state_dict: dict[str, Any] | list[dict[str, Any]]) -> None:
+        """Load a state dict of this optimizer or of `torch.optim.AdamW` (torch's hooks run around it, the
+        groups' hyper-parameters are the loaded ones; optim/state.py says where the masters come from), or
+        the list of every rank's state dicts of a run at another world size (re-sharded; no hooks)."""
+        self._check_live()
+        if isinstance(state_dict, list):
+            self._load_shards(state_dict)
+            return
+        self._load_state(state_dict, hooks=True)
+
+    def _load_state(self, state_dict: dict[str, Any], hooks: bool) -> None:
+        sd = state_dict.copy()  # shallow, as torch's: a pre-hook may edit it
+        for hook in self._optimizer_load_state_dict_pre_hooks.values() if hooks else ():
+            result = hook(self, sd)
+            if result is not None:
+                sd = result
+        if sd.get("superoffload_adamw") == 1:
+            self._load_format1(sd)
+        else:
+            groups, engine_state, rest = schema.unpack(self.param_groups, sd, self.owns)
+            self._load_engine(sd, groups, engine_state)
+            self.param_groups = groups
+            self.state = TorchState(self, rest)  # type: ignore[assignment]
+        self._loads += 1
+        for hook in self._optimizer_load_state_dict_post_hooks.values() if hooks else ():
+            hook(self)
+
+    def _load_engine(self, sd: dict[str, Any], groups: list[dict[str, Any]],
+                     engine_state: dict[torch.Tensor, dict[str, Any]]) -> None:
+        e = self._engine
+        if e is None:
+            return
+        arguments.check_groups(groups, e.config.optimizer.amsgrad)
+        plain = [{k: v for k, v in g.items() if k != "params"} for g in groups]
+        with torch.no_grad():
+            if sd.get("engine") is not None:
+                self._plan.from_checkpoint(sd.get("engine_config", {}))
+                e.load_state_dict(own_engine_sd(e, sd["engine"], plain, engine_state))
+            else:
+                loaded = foreign_engine_sd(e, plain, engine_state)
+                if loaded is not None:
+                    self._plan.from_checkpoint({})  # the layout is built now, in the usual arrival order
+                    e.load_state_dict(loaded)
+        self.state.invalidate()
+
+    def _load_shards(self, sds: list[dict[str, Any]]) -> None:
+        """Every rank's state dicts (their engine parts, re-sharded to this engine's ranks and layout)."""
+        parts = [d["engine"] for d in sds if isinstance(d, dict)]
+        if len(parts) != len(sds) or any(p is None for p in parts):
+            raise ValueError("load_state_dict of a list takes every rank's superoffload.AdamW state_dict, each taken "
+                             "after the first step")
+        first = sds[0]
+        if first.get("superoffload_adamw") == FORMAT:
+            groups, _, _ = schema.unpack(self.param_groups, first, self.owns)
+            arguments.check_groups(groups, self.engine.config.optimizer.amsgrad)
+            plain = [{k: v for k, v in g.items() if k != "params"} for g in groups]
+            parts = [{**p, "param_groups": plain} for p in parts]
+            self.param_groups = groups
+        self._plan.from_checkpoint(first.get("engine_config", {}))
+        with torch.no_grad():
+            self.engine.load_state_dict(parts)
+        self.state.invalidate()
+        self._loads += 1
+
+    def _load_format1(self, sd: dict[str, Any]) -> None:
+        """A state dict of the first format (the engine's dict alone, or `fresh` before the first step)."""
+        if sd["fresh"]:
+            for g, saved in zip(self.param_groups, sd["param_groups"], strict=True):
                 g.update(saved)
             return
-        self._plan.from_checkpoint(sds[0].get("engine_config", {}))
+        self._plan.from_checkpoint(sd.get("engine_config", {}))
         with torch.no_grad():
-            e.load_state_dict([d["engine"] for d in sds] if isinstance(state_dict, list) else sds[0]["engine"])
+            self.engine.load_state_dict(sd["engine"])
+        self.state.invalidate()
+
+    # --- copies --------------------------------------------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        """What `copy.deepcopy` and pickle keep: the groups (with their tensors), the constructor's
+        arguments (the model among them) and the packed state; a copy builds its own engine from them."""
+        if self._init_kwargs.get("process_group") is not None or (self._engine is not None
+                                                                  and self._engine.comm.active):
+            raise TypeError("a superoffload.AdamW over several ranks cannot be copied or pickled (its engine holds a "
+                            "process group): save its state_dict() instead")
+        return {"param_groups": self.param_groups, "superoffload_init": self._init_kwargs,
+                "superoffload_state": self._pack()}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        if "superoffload_init" not in state:
+            raise TypeError("superoffload.AdamW is restored from its own __getstate__ (copy.deepcopy, pickle); load a "
+                            "state dict with load_state_dict()")
+        AdamW.__init__(self, state["param_groups"], **state["superoffload_init"])
+        self._load_state(state["superoffload_state"], hooks=False)
 
     def __repr__(self) -> str:
         return f"superoffload.{super().__repr__()}"
 
     # --- torch semantics the engine would otherwise break silently ----------------------------------
+    def _check_untrained_grads(self) -> None:
+        """No engine: a gradient on a parameter that did not require grad when the optimizer was built."""
+        got = [i for i, p in enumerate(p for g in self.param_groups for p in g["params"]) if p.grad is not None]
+        if got:
+            raise RuntimeError(f"parameter(s) {got[:5]} had requires_grad=False when superoffload.AdamW was built "
+                               f"and now have a gradient: the engine does not train them (torch's AdamW would). "
+                               f"Build the optimizer after unfreezing them")
+
     def _check_unfrozen(self) -> None:
         e = self.engine
         flow = e.flow
