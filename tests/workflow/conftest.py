@@ -19,14 +19,15 @@ def results_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def smoke_results(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One `snakemake all` of the shrunken smoke sweep per test session (a few minutes on 2 cores), shared by
-    the end-to-end test and the browser test of its report. Returns the results root (the sweep's folder
-    is ``cpu_smoke`` under it)."""
+    """One `snakemake all` of the shrunken smoke sweep (smoke.yaml) per test session (about a minute and a
+    half on 2 quiet cores), shared by the end-to-end test and the browser test of its report. No time limit but
+    the watchdog's (wf_helpers.snakemake): a loaded machine only makes it slower. Returns the results root (the
+    sweep's folder is ``cpu_smoke`` under it)."""
     import torch
-    from wf_helpers import SMOKE_CONFIG, snakemake
+    from wf_helpers import SMOKE_ARGS, snakemake
 
     if torch.cuda.is_available():
         pytest.skip("the end-to-end smoke run is the CPU sweep; a GPU machine would run its real sweep")
     results = tmp_path_factory.mktemp("smoke") / "results"
-    snakemake("all", "--cores", "2", "--config", f"results_dir={results}", *SMOKE_CONFIG, timeout=420)
+    snakemake("all", "--cores", "2", *SMOKE_ARGS, f"results_dir={results}")
     return results

@@ -26,7 +26,7 @@ def test_nightly_records_history_and_judges(tmp_path):
     cfg.write_text(yaml.safe_dump({"results_dir": str(tmp_path / "res"),
                                    "nightly": {**OLD_STYLE, "plan_optimality": PLANNER_CASE}}))
     snakemake("nightly", "--cores", "2", "--configfile", str(cfg), "--config", "nightly_hardware_key=cpu-test",
-              "nightly_update_reference=true", timeout=600, env={"SUPEROFFLOAD_NIGHTLY_STAMP": "20261101T000000Z"})
+              "nightly_update_reference=true", env={"SUPEROFFLOAD_NIGHTLY_STAMP": "20261101T000000Z"})
     night = tmp_path / "res" / "nightly" / "cpu-test" / "20261101T000000Z"
     verdict = json.loads((night / "verdict.json").read_text())
     assert verdict["regression"] is False and verdict["suite"] == "training"

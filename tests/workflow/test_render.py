@@ -4,12 +4,11 @@ byte-identical across renders."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from wf_helpers import ROOT, _adam_bench, _record
+from wf_helpers import ROOT, _adam_bench, _record, watchdog
 
 from reports import data as D
 from reports import figures as F
@@ -171,20 +170,8 @@ def test_summary_rows_speedup_and_statuses(synthetic):
 
 def test_figures_byte_identical_across_renders(synthetic, tmp_path):
     for out in ("a", "b"):
-        subprocess.run(
-            [
-                sys.executable,
-                str(ROOT / "reports/render.py"),
-                "figures",
-                "--results",
-                str(synthetic),
-                "--out",
-                str(tmp_path / out),
-            ],
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
+        watchdog.run([sys.executable, str(ROOT / "reports/render.py"), "figures", "--results", str(synthetic),
+                      "--out", str(tmp_path / out)], check=True)
     a = sorted((tmp_path / "a").glob("*.svg"))
     assert [p.name for p in a] == [p.name for p in sorted((tmp_path / "b").glob("*.svg"))] and a
     for p in a:

@@ -7,15 +7,14 @@ import json
 import subprocess
 import sys
 
-from wf_helpers import ROOT, _record, complete_results, snakemake
+from wf_helpers import ROOT, _record, complete_results, snakemake, watchdog
 
 SCRIPT = ROOT / "workflows" / "scripts" / "failed_runs.py"
 GUARD_STANDIN = {"status": "error", "error": "boom", "written_by": "workflows/scripts/guard.py"}
 
 
 def _failed(res, *args) -> list[str]:
-    proc = subprocess.run([sys.executable, str(SCRIPT), str(res), *args], capture_output=True, text=True,
-                          check=True, timeout=60)
+    proc = watchdog.run([sys.executable, str(SCRIPT), str(res), *args], check=True)
     assert "file(s) with status" in proc.stderr
     return proc.stdout.split()
 
