@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,6 +18,7 @@ import pytest
 from _global_batch_driver import run_global_batch
 
 from superoffload.harness.system import RunConfig
+from tests import _watchdog as watchdog
 
 HERE = Path(__file__).parent
 TOL = 1e-3
@@ -39,7 +39,7 @@ def _env() -> dict[str, str]:
 def _torchrun(cfg: dict, out: Path) -> list[dict]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            str(HERE / "_global_batch_driver.py"), json.dumps(cfg), str(out)]
-    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
+    proc = watchdog.run(cmd, env=_env())
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
 
@@ -86,7 +86,7 @@ def test_ds_superoffload_from_the_cli(tmp_path: Path) -> None:
            "--model", "gpt-tiny", "--seq", "32", "--batch", "2", "--steps", "3", "--warmup", "1",
            "--threads", "2", "--no-progress", "-o", "ratio=1.0", "-o", "cpuadam_cores_perc=0.5",
            "--out", str(out)]
-    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
+    proc = watchdog.run(cmd, env=_env())
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rec = json.loads(out.read_text())
     assert rec["status"] == "ok"
@@ -99,6 +99,6 @@ def test_ds_superoffload_from_the_cli(tmp_path: Path) -> None:
 def test_cli_rejects_bad_option_with_exit_code_2(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "superoffload", "bench", "run", "--system", "ds_superoffload",
            "--model", "gpt-tiny", "-o", "ratio=2", "--out", str(tmp_path / "r.json")]
-    proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=120)
+    proc = watchdog.run(cmd, env=_env())
     assert proc.returncode == 2 and "ratio" in proc.stderr
     assert not (tmp_path / "r.json").exists()

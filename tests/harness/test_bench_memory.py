@@ -11,7 +11,6 @@ byte counts the planner's predictions for the large zoo models rest on.
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import jsonschema
@@ -23,6 +22,7 @@ from superoffload.planner.costmodel import Workload, predict
 from superoffload.planner.presets import get_profile
 from superoffload.planner.systems import Options
 from superoffload.shapes import get_shape
+from tests import _watchdog as watchdog
 
 VARIANTS = {"plain": {}, "tail": {"device_tail_buckets": 2}, "flow": {"flow_layers": [1], "flow_prefetch": 1}}
 
@@ -60,13 +60,13 @@ def test_flowed_blocks_in_the_planner_are_the_engines():
 def test_bench_memory_cli_prints_one_json_object():
     cmd = [sys.executable, "-m", "superoffload", "bench", "memory", "--model", "gpt-tiny", "--seq", "16",
            "--device", "sim", "--json", "-o", "plan=false"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    proc = watchdog.run(cmd)
     assert proc.returncode == 0, proc.stderr[-2000:]
     rec = json.loads(proc.stdout)
     assert set(rec["device_peak_bytes"]) == {"measured", "planned"}
     assert {"measured", "needed"} <= set(rec["pinned_host_bytes"])
     assert rec["device"] == "sim" and rec["device_peak_bytes"]["measured"] > 0
-    bad = subprocess.run(cmd[:-2] + ["-o", "bucket_sise=3"], capture_output=True, text=True, timeout=300)
+    bad = watchdog.run(cmd[:-2] + ["-o", "bucket_sise=3"])
     assert bad.returncode == 2 and "bucket_sise" in bad.stderr and bad.stderr.count("\n") == 1
 
 

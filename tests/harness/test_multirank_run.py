@@ -15,6 +15,7 @@ import pytest
 from superoffload.cli import bench_run
 from superoffload.cli.main import build_parser
 from superoffload.harness import record
+from tests import _watchdog as watchdog
 
 ARGS = ["--model", "gpt-tiny", "--seq", "32", "--batch", "2", "--steps", "3", "--warmup", "1", "--threads", "1",
         "--no-progress"]
@@ -27,9 +28,9 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _bench(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "superoffload", "bench", "run", *args], env=_env(),
-                          capture_output=True, text=True, timeout=timeout)
+def _bench(*args: str) -> subprocess.CompletedProcess:
+    """`bench run` with these arguments; killed only once it stops making progress (tests/_watchdog.py)."""
+    return watchdog.run([sys.executable, "-m", "superoffload", "bench", "run", *args], env=_env())
 
 
 def _two_cores() -> None:
@@ -87,7 +88,7 @@ def test_a_rank_failure_leaves_an_error_record(tmp_path: Path, monkeypatch, caps
 
 @pytest.mark.parametrize(("nproc", "message"), [("0", "--nproc must be >= 1"), ("100000", "need a core each")])
 def test_bad_nproc_is_one_line_and_launches_nothing(nproc: str, message: str, tmp_path: Path) -> None:
-    proc = _bench("--system", "torch", *ARGS, "--nproc", nproc, "--out", str(tmp_path / "r.json"), timeout=60)
+    proc = _bench("--system", "torch", *ARGS, "--nproc", nproc, "--out", str(tmp_path / "r.json"))
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], proc.stderr
@@ -124,7 +125,7 @@ def test_the_ranks_get_the_same_options() -> None:
 
 def test_nproc_1_runs_in_this_process(tmp_path: Path) -> None:
     out = tmp_path / "rec.json"
-    proc = _bench("--system", "torch", *ARGS, "--nproc", "1", "--out", str(out), timeout=120)
+    proc = _bench("--system", "torch", *ARGS, "--nproc", "1", "--out", str(out))
     assert proc.returncode == 0, proc.stderr[-2000:]
     rec = json.loads(out.read_text())
     assert rec["world_size"] == 1 and len(rec["ranks"]) == 1

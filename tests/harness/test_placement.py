@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 
 from superoffload.harness import placement as pl
+from tests import _watchdog as watchdog
 
 GRACE = 72  # cores per Grace; one NUMA node per Grace
 
@@ -109,7 +109,7 @@ def test_bind_this_rank_binds_every_thread_of_the_process() -> None:
         "print(json.dumps({'placement': p.to_dict(), 'main': sorted(os.sched_getaffinity(0)), **seen}))\n"
     )
     env = {**os.environ, "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60, check=True)
+    out = watchdog.run([sys.executable, "-c", code], env=env, check=True)
     got = json.loads(out.stdout.strip().splitlines()[-1])
     expect = pl.split_cores(avail, 1, 2, pl.numa_nodes())[0]
     assert got["placement"]["cores"] == expect and got["placement"]["bound"] is True

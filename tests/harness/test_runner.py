@@ -14,6 +14,7 @@ from superoffload.harness.runner import run_benchmark, validate_run
 from superoffload.harness.stats import percentile, summarize
 from superoffload.harness.system import RunConfig
 from superoffload.harness.systems import SYSTEMS
+from tests import _watchdog as watchdog
 
 
 def test_percentile_and_summary():
@@ -168,10 +169,7 @@ def test_cli_help_lists_every_option(capsys):
 
 
 def test_console_script_module_runs():
-    import subprocess
-
-    r = subprocess.run([sys.executable, "-m", "superoffload", "bench", "run", "--help"], capture_output=True,
-                       text=True, timeout=120)
+    r = watchdog.run([sys.executable, "-m", "superoffload", "bench", "run", "--help"])
     assert r.returncode == 0 and "--system" in r.stdout
 
 

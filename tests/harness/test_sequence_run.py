@@ -24,6 +24,7 @@ from superoffload.harness import record
 from superoffload.harness.flops import model_flops_per_token
 from superoffload.harness.system import RunConfig
 from superoffload.shapes import get_shape
+from tests import _watchdog as watchdog
 
 SEQ, BATCH = 64, 2
 ARGS = ["--model", "gpt-tiny", "--seq", str(SEQ), "--batch", str(BATCH), "--steps", "3", "--warmup", "1",
@@ -39,9 +40,9 @@ def _env() -> dict[str, str]:
     return env
 
 
-def bench(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "superoffload", "bench", "run", *args], env=_env(),
-                          capture_output=True, text=True, timeout=timeout)
+def bench(*args: str) -> subprocess.CompletedProcess:
+    """`bench run` with these arguments; killed only once it stops making progress (tests/_watchdog.py)."""
+    return watchdog.run([sys.executable, "-m", "superoffload", "bench", "run", *args], env=_env())
 
 
 def sp_pair(system: str, tmp_path: Path, *extra: str) -> tuple[dict, dict]:
@@ -199,9 +200,9 @@ def test_dp2_sp2_matches_dp2(system: str, tmp_path: Path) -> None:
     p = bench(*args, "--nproc", "2", "--out", str(dp2))
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     dp2sp2 = tmp_path / "dp2sp2.json"
-    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "4",
+    p = watchdog.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "4",
                         "-m", "superoffload", "bench", "run", *args, "--sp", "2", "--out", str(dp2sp2)],
-                       env={**_env(), "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=400)
+                       env={**_env(), "OMP_NUM_THREADS": "1"})
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     one, two = record.read_result(dp2, "run"), record.read_result(dp2sp2, "run")
     assert (two["run"]["dp"], two["run"]["global_batch"], two["world_size"]) == (2, 2, 4)
