@@ -1,5 +1,7 @@
-"""A DeepSpeed fine-tuning script in the shape of DeepSpeed's own SuperOffload example; the first import is
-the only change (`import deepspeed` -> `import superoffload as deepspeed`). The config is DeepSpeed's
+"""A DeepSpeed fine-tuning script in the shape of DeepSpeed's own SuperOffload example; two import lines are
+the change (`import deepspeed` -> `import superoffload as deepspeed`, and `from deepspeed import comm as dist`
+-> `from superoffload import comm as dist`: a `from deepspeed import` statement finds the installed DeepSpeed
+package by name, not the alias). The config is DeepSpeed's
 SuperOffload one (ds_config.json), passed the way the example passes it:
 
     python examples/deepspeed_script.py --deepspeed_config examples/ds_config.json [--steps 10]
