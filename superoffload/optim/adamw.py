@@ -320,7 +320,7 @@ class AdamW(torch.optim.Optimizer):
         self._check_unfrozen()
         e._check_usable()
         if self.state.edited():
-            self._load_state(self.state_dict(), hooks=False)  # state tensors edited in place: into the engine
+            self._load_state(self._pack(), hooks=False)  # opt.state's tensors edited in place: into the engine
         try:
             self._grads.replay([s.param for s in e.slots])
             with torch.no_grad():
@@ -410,7 +410,7 @@ class AdamW(torch.optim.Optimizer):
             return sd
         if e.global_step == 0 and not e.layout_measured and not self._loads:
             return {**sd, "engine": None, "superoffload_adamw": FORMAT}
-        snap = self.state.snapshot()
+        snap = self.state.snapshot(keep=False)
         knobs = {k: getattr(e.config, k) for k in LAYOUT_KEYS}  # a resume builds the same buckets with them
         return {**sd, "engine": snap.engine_sd, "engine_config": knobs, "superoffload_adamw": FORMAT}
 

@@ -7,7 +7,8 @@ in the engine's host buckets (this rank's shard, possibly split across buckets a
 
 - `opt.state` is a mapping (`TorchState`) that answers for the trained parameters from a snapshot of
   the engine's state, taken when first read after a step or a load (one copy of this rank's state, the
-  same the engine's own `state_dict()` makes) and shared by `state_dict()`. The tensors are fp32 (the
+  same the engine's own `state_dict()` makes; `state_dict()` shares it when there is one, and otherwise
+  makes its own without keeping it). The tensors are fp32 (the
   host state's precision) and have the parameter's shape; with several ranks and a sharded state they
   are this rank's elements, flat. Writing into them in place is taken into the engine at the next
   `step()` (as an edit of torch's state tensors would be used by its next step); anything else kept
@@ -79,13 +80,19 @@ class TorchState(MutableMapping):
         self._snap: Snapshot | None = None
         self._snap_step = -1
 
-    def snapshot(self) -> Snapshot | None:
+    def snapshot(self, keep: bool = True) -> Snapshot | None:
+        """The engine's state now (None without an engine). `keep`: held until the next step or load, so
+        that in-place edits of its tensors reach the engine; `state_dict()` does not keep its own (a whole
+        copy of this rank's state, which a training loop that only saves should not carry along)."""
         e = self._opt._engine
         if e is None:
             return None
-        if self._snap is None or self._snap_step != e.global_step:
-            self._snap, self._snap_step = take_snapshot(e), e.global_step
-        return self._snap
+        if self._snap is not None and self._snap_step == e.global_step:
+            return self._snap
+        snap = take_snapshot(e)
+        if keep:
+            self._snap, self._snap_step = snap, e.global_step
+        return snap
 
     def invalidate(self) -> None:
         self._snap = None

@@ -46,10 +46,11 @@ def test_the_schema_is_torchs_at_every_moment():
     opt.step()
     check_schema(opt.state_dict(), {0, 1}, shapes)  # a parameter without a gradient has no state, as in torch
     steps(opt, ps, 2)
+    entry = opt.state[ps[2]]
     sd = opt.state_dict()
     check_schema(sd, {0, 1, 2}, shapes)
     assert [float(sd["state"][i]["step"]) for i in range(3)] == [3.0, 3.0, 2.0]
-    assert opt.state[ps[2]] is sd["state"][2] and set(opt.state) == set(ps)
+    assert sd["state"][2] is entry and set(opt.state) == set(ps)  # one snapshot, shared, as torch shares
 
 
 def test_torch_dicts_load_into_it_and_its_dicts_load_into_torch():
