@@ -1,7 +1,7 @@
 """One end-to-end `snakemake all` on a shrunken smoke sweep (smoke.yaml: one tiny point per rule family, 2 timed
 steps; torch and superoffload on one rank, superoffload on two, data- and sequence-parallel): the session's
-`smoke_results` run (conftest.py), which the browser test also opens. Its slow twin runs the configured
-cpu_smoke sweep (every matrix, the full calibration, the whole ablation) shrunk only to two systems and one model.
+`smoke_results` run (conftest.py), which the browser test also opens. Its slow twin, test_e2e_configured.py,
+runs the configured cpu_smoke sweep (every matrix, the full calibration, the whole ablation).
 """
 
 from __future__ import annotations
@@ -9,10 +9,8 @@ from __future__ import annotations
 import json
 import os
 from html import unescape
-from pathlib import Path
 
-import pytest
-from wf_helpers import SHRINK, SMOKE_ARGS, snakemake
+from wf_helpers import SMOKE_ARGS, snakemake
 
 from reports import data as D
 
@@ -56,36 +54,3 @@ def test_snakemake_all_smoke(smoke_results):
     again = snakemake("all", "--cores", "2", *SMOKE_ARGS, f"results_dir={results_dir}")
     assert "Nothing to be done" in again.stdout + again.stderr
 
-
-# quiet, the configured sweep takes about 5 minutes on 2 cores: a limit of 5x that, the hang is the watchdog's
-@pytest.mark.slow
-@pytest.mark.timeout(1800)
-def test_snakemake_all_configured_cpu_smoke(tmp_path: Path):
-    """What the smoke fixture leaves out: torch's data-parallel point beside superoffload's, the seqlen matrix,
-    the full calibration (per-system step machinery), the four-technique ablation with its alternative and
-    the Adam microbenchmark at two thread counts, all in one `snakemake all` that has nothing left to do after."""
-    res = tmp_path / "results"
-    snakemake("all", "--cores", "2", "--config", *SHRINK, f"results_dir={res}")
-    sweep = res / "cpu_smoke"
-    runs = D.load_records(sweep / "runs")
-    assert {(r["system"], r["run"]["seq"]) for r in runs} == {
-        (s, q) for s in ("torch", "superoffload") for q in (64, 128, 256, 512)}
-    assert all(r["status"] == "ok" for r in runs), [r["error"] for r in runs if r["status"] != "ok"]
-    html = (sweep / "report.html").read_text()
-    if len(os.sched_getaffinity(0)) >= 2:
-        multi = D.load_records(sweep / "runs_w2")
-        assert sorted((r["system"], D.sp_of(r)) for r in multi) == [
-            ("superoffload", 1), ("superoffload", 2), ("torch", 1)]
-        assert all(r["status"] == "ok" for r in multi), [r["error"] for r in multi if r["status"] != "ok"]
-        assert "Several ranks (3 ok" in html  # torch and superoffload data-parallel, superoffload SP=2
-    calibration = json.loads((sweep / "calibration/hardware.json").read_text())
-    assert "superoffload" in (calibration["system_step_s"] or {}), calibration["notes"]  # the offloading systems
-    variants = json.loads((sweep / "ablation/variants.json").read_text())["variants"]
-    assert len(variants) == 10  # baseline + 4 cumulative, 4 leave-one-out, the cpuadam alternative
-    ablation = {Path(r["_path"]).stem: r for r in D.load_records(sweep / "ablation") if r["_path"].endswith(
-        tuple(f"/{v}.json" for v in variants))}
-    assert set(ablation) == set(variants) and all(r["status"] == "ok" for r in ablation.values())
-    adam = json.loads((sweep / "microbench/adam.json").read_text())
-    assert [m["threads"] for m in adam["measurements"]] == [1, 2]
-    again = snakemake("all", "--cores", "2", "--config", *SHRINK, f"results_dir={res}")
-    assert "Nothing to be done" in again.stdout + again.stderr
