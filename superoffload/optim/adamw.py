@@ -320,7 +320,7 @@ class AdamW(torch.optim.Optimizer):
         self._check_unfrozen()
         e._check_usable()
         if self.state.edited():
-            self._load_state(self._pack(), hooks=False)  # opt.state's tensors edited in place: into the engine
+            self._push_state_edits()
         try:
             self._grads.replay([s.param for s in e.slots])
             with torch.no_grad():
@@ -339,20 +339,26 @@ class AdamW(torch.optim.Optimizer):
             if p.grad is not None and not self.owns(p):  # not the engine's: as torch does
                 if set_to_none:
                     p.grad = None
+                    continue
+                if p.grad.grad_fn is not None:
+                    p.grad.detach_()
                 else:
-                    p.grad.detach_().zero_() if p.grad.grad_fn is not None else p.grad.requires_grad_(False).zero_()
+                    p.grad.requires_grad_(False)
+                p.grad.zero_()
         e = self._engine
         if e is None:
             return
         self._grads.forget()
         if set_to_none:
             e._plain.zero_grad()
-            return
-        with torch.no_grad():
-            held = [s.param.grad for s in e.slots if s.param.grad is not None]
-            e._plain.zero_grad(keep_grads=True)
-            for g in held:
-                g.zero_()
+        else:
+            with torch.no_grad():
+                held = [s.param.grad for s in e.slots if s.param.grad is not None]
+                e._plain.zero_grad(keep_grads=True)
+                for g in held:
+                    g.zero_()
+        if self.state.edited():  # the window is new: nothing has read the state yet
+            self._push_state_edits()
 
     def grad_norm(self) -> float:
         """This step's global gradient norm, before step() applies it (nan when not finite, 0.0 when no
@@ -451,13 +457,36 @@ class AdamW(torch.optim.Optimizer):
         with torch.no_grad():
             if sd.get("engine") is not None:
                 self._plan.from_checkpoint(sd.get("engine_config", {}))
-                e.load_state_dict(own_engine_sd(e, sd["engine"], plain, engine_state))
+                self._engine_load(own_engine_sd(e, sd["engine"], plain, engine_state))
             else:
                 loaded = foreign_engine_sd(e, plain, engine_state)
                 if loaded is not None:
                     self._plan.from_checkpoint({})  # the layout is built now, in the usual arrival order
-                    e.load_state_dict(loaded)
+                    self._engine_load(loaded)
         self.state.invalidate()
+
+    def _push_state_edits(self) -> None:
+        """opt.state's tensors were edited in place: into the engine (the groups stay the very dicts)."""
+        e, snap = self.engine, self.state.snapshot()
+        plain = [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups]
+        with torch.no_grad():
+            self._engine_load(own_engine_sd(e, snap.engine_sd, plain, snap.by_param))
+        self.state.invalidate()
+
+    def _engine_load(self, sd: dict[str, Any] | list[dict[str, Any]]) -> None:
+        """The engine's load, where torch's would be: the gradients in `.grad` stay (the engine's load
+        drops them). Refused once this step's buckets may have left (the window's predicted last backward
+        pass has begun, or the norm was taken): their speculative steps read the state this replaces."""
+        e = self.engine
+        if e._plain.boundary:
+            raise RuntimeError("superoffload.AdamW: the optimizer state was loaded, or its opt.state tensors edited, "
+                               "after this step's backward passes began: the engine steps speculatively during the "
+                               "last one, from the state as it was then. Load or edit after step() or zero_grad(), "
+                               "before the next backward()")
+        held = [(s.param, s.param.grad) for s in e.slots if s.param.grad is not None]
+        e.load_state_dict(sd)
+        for p, g in held:
+            p.grad = g
 
     def _load_shards(self, sds: list[dict[str, Any]]) -> None:
         """Every rank's state dicts (their engine parts, re-sharded to this engine's ranks and layout)."""
@@ -474,7 +503,7 @@ class AdamW(torch.optim.Optimizer):
             self.param_groups = groups
         self._plan.from_checkpoint(first.get("engine_config", {}))
         with torch.no_grad():
-            self.engine.load_state_dict(parts)
+            self._engine_load(parts)
         self.state.invalidate()
         self._loads += 1
 
@@ -486,7 +515,7 @@ class AdamW(torch.optim.Optimizer):
             return
         self._plan.from_checkpoint(sd.get("engine_config", {}))
         with torch.no_grad():
-            self.engine.load_state_dict(sd["engine"])
+            self._engine_load(sd["engine"])
         self.state.invalidate()
 
     # --- copies --------------------------------------------------------------------------------------

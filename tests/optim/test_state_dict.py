@@ -101,17 +101,47 @@ def test_a_resume_is_exact_and_the_current_weights_win_over_saved_masters():
 
 
 def test_state_tensors_edited_in_place_are_used_by_the_next_step_as_in_torch():
+    def two_passes(opt, ps):
+        opt.zero_grad()
+        loss_of(ps, torch.ones(5)).backward()
+        loss_of(ps, torch.full((5,), 0.5)).backward()
+        opt.step()
+
     ref, mine = tensors(), tensors()
     opts = torch.optim.AdamW(ref, lr=0.05), superoffload.AdamW(mine, lr=0.05)
     for ps, opt in zip((ref, mine), opts, strict=True):
-        steps(opt, ps, 2)
-        opt.state[ps[0]]["exp_avg"].mul_(-3.0)
+        for _ in range(3):
+            two_passes(opt, ps)
+        opt.state[ps[0]]["exp_avg"].mul_(-3.0)  # after step(): taken at zero_grad()
         opt.state[ps[1]]["step"].fill_(10)
-        steps(opt, ps, 1)
+        two_passes(opt, ps)
+        opt.zero_grad()
+        loss_of(ps, torch.ones(5)).backward()  # the first of two passes: no bucket has left yet
+        opt.load_state_dict(copy.deepcopy(opt.state_dict()))  # a load between them keeps the gradients
+        loss_of(ps, torch.full((5,), 0.5)).backward()
+        opt.step()
     assert_close(mine, ref)
-    assert float(opts[1].state[mine[1]]["step"]) == 11.0
+    assert float(opts[1].state[mine[1]]["step"]) == 12.0
     with pytest.raises(TypeError, match="keeps the state of the parameters it trains in its engine"):
         opts[1].state[mine[0]] = {}
+
+
+def test_an_edit_after_the_window_began_is_refused():
+    """Once the engine predicts the window (one pass here), the last pass's buckets leave and are stepped
+    speculatively from the state as it was: an edit then would be silently half-applied."""
+    ps = tensors()
+    opt = superoffload.AdamW(ps, lr=0.05)
+    steps(opt, ps, 2)
+    opt.state[ps[0]]["exp_avg"].zero_()
+    opt.zero_grad()
+    loss_of(ps, torch.ones(5)).backward()
+    opt.state[ps[0]]["exp_avg"].zero_()
+    with pytest.raises(RuntimeError, match="after this step's backward passes began"):
+        opt.step()
+    with pytest.raises(RuntimeError, match="after this step's backward passes began"):
+        opt.load_state_dict(opt.state_dict())
+    opt.zero_grad()  # the window is dropped; the edit is taken now
+    assert not opt.state[ps[0]]["exp_avg"].any()
 
 
 def test_state_dict_and_step_hooks_run_as_torchs():
