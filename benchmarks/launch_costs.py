@@ -76,7 +76,7 @@ def engine_counts(args: argparse.Namespace, batch: tuple[torch.Tensor, ...]) -> 
     init = "cuda" if args.device == "cuda" else "cpu"
     model = _model(args, init)
     cfg: dict[str, Any] = {"device": args.device, "precision": args.precision, "grad_clip": args.grad_clip,
-                           "optimizer": {"lr": LR, "weight_decay": WEIGHT_DECAY}}
+                           "optimizer": {"lr": LR, "weight_decay": WEIGHT_DECAY}, "host_threads": args.threads}
     if args.bucket_size is not None:
         cfg["bucket_size"] = args.bucket_size
     if args.device_tail_buckets is not None:
@@ -196,14 +196,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=2, help="uncounted steps first (the first measures the layout)")
     p.add_argument("--grad-clip", type=float, default=1.0, help="both systems clip at this norm (0: no clipping)")
     p.add_argument("--checkpointing", action="store_true", help="activation checkpointing (both systems)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads for torch and the engine's host Adam (default: 1 on sim and host, where two "
+                        "threads on a busy 2-core machine made a bf16 torch step 20x slower; the defaults on cuda)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args(argv)
     if args.steps < 1 or args.warmup < 0:
         p.error("--steps must be >= 1 and --warmup >= 0")
+    if args.threads is None and args.device != "cuda":
+        args.threads = 1
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)  # the counts do not depend on it
     meta: dict[str, Any] = {
         "device": args.device, "model": args.model, "seq": args.seq, "batch": args.batch,
         "precision": args.precision, "bucket_size": args.bucket_size, "device_tail_buckets": args.device_tail_buckets,
         "steps": args.steps, "warmup": args.warmup, "grad_clip": args.grad_clip, "checkpointing": args.checkpointing,
+        "threads": args.threads,
         "command": " ".join(["python benchmarks/launch_costs.py", *(sys.argv[1:] if argv is None else argv)]),
         # the lent GPU's copy of the tree has no .git: device_check.sh names the commit
         "provenance": {**collect(args.device), "device_check_commit": os.environ.get("DEVICE_CHECK_COMMIT")},

@@ -29,7 +29,16 @@ from superoffload.harness.models import build_model, get_shape
 ROOT = Path(__file__).resolve().parents[2]
 SEQ = 8
 CFG = {"device": "sim", "precision": "bf16", "grad_clip": 1.0, "bucket_size": 65536, "device_tail_buckets": 2,
-       "optimizer": {"lr": 1e-4, "weight_decay": 0.1}}
+       "optimizer": {"lr": 1e-4, "weight_decay": 0.1}, "host_threads": 1}
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """One compute thread, as the benchmark on the CPU (bf16 ops with two on a busy 2-core machine crawl)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def _batch() -> tuple[torch.Tensor, torch.Tensor]:
@@ -97,6 +106,23 @@ def test_a_mode_outside_another_sees_every_op_the_inner_one_sees() -> None:
         x = torch.ones(3, requires_grad=True)
         (x * 2).sum().backward()
     assert Inner.n > 0 and counts.aten_ops == Inner.n
+
+
+def test_views_allocations_copies_and_syncs_are_told_apart_from_launches() -> None:
+    host, dev, other = torch.zeros(4), torch.zeros(4), torch.zeros(4)
+    hosts = {lc._base(host)}  # `host`'s storage stands for host memory, every other for device memory
+    counts = lc.Counts()
+    with lc.counting(counts, lambda t: "host" if lc._base(t) in hosts else "device"):
+        dev.view(2, 2).t()                   # views: ops, no launch
+        torch.empty(3)                       # an allocation
+        dev.add_(1)                          # a launch
+        dev.copy_(host, non_blocking=True)   # host -> device, asynchronous: a copy
+        host.copy_(dev)                      # device -> host, blocking: a copy and a host sync
+        torch._foreach_copy_([other], [dev])  # device -> device: a launch
+        dev.sum().item()                     # a launch (sum), then a read of device memory on the host
+        host[0].item()                       # a view and a host value's read: ops, nothing more
+    assert counts.launches == 3 and counts.copies == 3 and counts.host_syncs == 2, counts
+    assert counts.aten_ops == sum(counts.ops.values()) == 11, counts.ops
 
 
 def test_device_calls_are_counted_on_the_training_thread_only_and_unwrapped_after() -> None:
