@@ -142,6 +142,19 @@ def test_the_summary_and_comparison_put_the_systems_side_by_side(short) -> None:
     assert "budget plan (mode short)" in summary and "SuperOffload / torch" in summary
 
 
+def test_the_launch_counters_come_back_with_the_engine_beside_torch(short) -> None:
+    """benchmarks/launch_costs.py on the tiny model (sim): its JSON in the records, its headline in the summary."""
+    out, unpacked, _ = short
+    if not (ROOT / "benchmarks" / "launch_costs.py").is_file():
+        pytest.skip("benchmarks/launch_costs.py is not in this tree")
+    data = json.loads((unpacked / "results" / "microbench" / "launch_costs.json").read_text())
+    assert data["status"] == "ok", data.get("error")
+    assert data["device"] == "sim" and data["engine_aten_ops_per_step"] > 0 and data["torch_aten_ops_per_step"] > 0
+    assert data["buckets_host"] + data["buckets_device"] >= 1 and data["steady"] is True
+    summary = (out / "summary.txt").read_text()
+    assert "launch counters: ok" in summary and "engine_aten_ops_per_step" in summary
+
+
 def test_the_wheels_are_installed_into_a_target_on_the_path(short) -> None:
     out, unpacked, _ = short
     steps = {s["name"]: s for s in json.loads((out / "comparison.json").read_text())["steps"]}
