@@ -13,7 +13,7 @@ Alternating rounds of three runs on the same model, data and precision (fp32), e
 biases, a squared-error loss): copies and norms cost nothing there, so the engine's phases beyond torch's are its
 per-tensor Python work (hooks, launch bookkeeping, validation), the part of a step that grows with the tensor count.
 Prints per run the medians (ms per step) of each phase and, for the engine, its launch and norm time per step
-(the engine's `_launch` and the device kernels' `grad_norm_sq`, timed by wrapping them); then each system's
+(the engine's `Launcher.launch` and the device kernels' `grad_norm`, timed by wrapping them); then each system's
 median step over the rounds and the ratios to the engine's.
 """
 
@@ -28,7 +28,6 @@ from collections.abc import Callable
 import torch
 
 import superoffload
-from superoffload.engine.engine import SuperOffloadEngine
 from superoffload.harness.data import SyntheticData
 from superoffload.harness.models import build_model, get_shape
 from superoffload.harness.systems.torch_system import split_decay_groups
@@ -74,9 +73,9 @@ def one_run(system: str, args: argparse.Namespace, data: SyntheticData | TinyDat
     if system == "superoffload":
         engine = superoffload.initialize(model, {"bucket_size": args.bucket_size, "speculation": args.speculation,
                                                  "host_threads": 1})
-        kernels = engine.backend.kernels
-        engine._launch = _timed(inner, "launch", functools.partial(SuperOffloadEngine._launch, engine))
-        kernels.grad_norm_sq = _timed(inner, "norm", kernels.grad_norm_sq)
+        kernels, launcher = engine.backend.kernels, engine.launcher
+        launcher.launch = _timed(inner, "launch", launcher.launch)
+        kernels.grad_norm = _timed(inner, "norm", kernels.grad_norm)
         fwd, bwd, opt_step = engine, engine.backward, lambda: (engine.step(), engine.zero_grad())
     else:
         opt = torch.optim.AdamW(split_decay_groups(model, 0.1), lr=1e-4, fused=True)

@@ -26,8 +26,7 @@ def resolve_kind(kind: str) -> str:
 
 
 def get_device(kind: str = "auto", hbm_budget_bytes: int | None = None, **options) -> Device:
-    """The device for `kind` (see resolve_kind). `sim` takes `kernels="grace"|"torch"` and
-    `raise_on_hazard`."""
+    """The device for `kind` (see resolve_kind). `sim` takes `raise_on_hazard`."""
     k = resolve_kind(kind)
     if k == "cuda":
         if not torch.cuda.is_available():

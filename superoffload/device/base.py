@@ -136,9 +136,9 @@ class Device:
         if grads:
             self.ledger.alloc("grads", sum(_nbytes(g) for g in grads))
 
-    def release_grads(self, grads: Sequence[torch.Tensor], read_on: Sequence[Any], point: str = "") -> None:
-        """The engine drops gradients that streams in `read_on` may still read: the allocator must not
-        hand their memory to new work before they are done (CUDA: record_stream)."""
+    def release_grads(self, grads: Sequence[torch.Tensor]) -> None:
+        """The engine drops gradients it read only on the current stream (the one autograd made them on):
+        their memory is reusable in that stream's order, so nothing else is waited for or recorded."""
         if grads:
             self.ledger.free("grads", sum(_nbytes(g) for g in grads))
 

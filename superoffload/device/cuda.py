@@ -106,12 +106,6 @@ class CudaDevice(Device):
             torch.cuda.set_sync_debug_mode(old)
 
     # --- memory ------------------------------------------------------------------------------------
-    def release_grads(self, grads: Sequence[torch.Tensor], read_on: Sequence[Any], point: str = "") -> None:
-        for grad in grads:
-            for s in read_on:
-                grad.record_stream(s)
-        super().release_grads(grads, read_on, point)
-
     def host_buffer(self, nbytes: int, pinned: bool, category: str) -> torch.Tensor:
         if not pinned:
             return super().host_buffer(nbytes, pinned, category)

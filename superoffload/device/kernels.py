@@ -1,20 +1,20 @@
-"""The two device-side kernels the engine needs, in two flavours chosen by capability.
+"""The device-side kernels the engine needs, in two flavours chosen by where the device's memory is.
 
-- `grad_norm_sq(flat, out)`: Σ x² of a flat gradient, accumulated in fp64, written to the 1-element
-  fp64 device tensor `out`. A non-finite element makes the result non-finite (squares of finite
-  fp32/bf16/fp16 values cannot overflow fp64), so the same reduction is the finite flag.
-- `adam_step(...)`: one Adam(W) step on flat fp32 tensors in place (the device tail buckets).
-- `adam_steps(...)`: the same step on lists of tensors sharing hyperparameters and a step count: every
-  tail bucket's slices in one call, because on a GPU a call per bucket is Python and launch time the
-  device waits on (H200, gpt-1b, 715 tail buckets: 115 ms per step, more than torch's whole step).
+- `grad_norm(flat, out)`: the L2 norm of a flat gradient in fp32 (one reduction: `linalg.vector_norm`
+  with an fp32 accumulator, whatever the gradient's dtype), written to a 0-dim fp32 device tensor. A
+  non-finite element makes it non-finite. The step squares and sums the per-bucket norms in fp64 once
+  (`engine/norms.py`), so the launch issues one kernel per bucket whatever its size.
+- `adam_steps(...)`: one Adam(W) step on lists of flat fp32 tensors sharing hyperparameters and a step
+  count (the device tail buckets), in one fused call: on a GPU a call per bucket is Python and launch
+  time the device waits on.
 
-`HostKernels` run GraceAdam, which needs host-addressable memory: the CPU-only device and the simulated
-device, where it keeps training bit-identical to a synchronous host loop whatever the split between
-device and host buckets. `TorchKernels` use only torch ops, so they run wherever torch does (CUDA, and
-the CPU in tests): a chunked fp64 reduction (no fp64 copy of the whole bucket: the transient is one
-chunk) and torch's fused Adam with the step count and the gradient scale as device tensors (no blocking
-host-to-device copy), or a plain multi-op Adam when `bias_correction` is off (torch's fused kernel
-always corrects).
+`TorchKernels` use only torch ops, so they run wherever torch does: CUDA, and the simulated device,
+which runs exactly what CUDA runs (only memory, streams and events are simulated), so what a GPU would
+launch is what the CPU tests count. Adam is torch's fused kernel with the step count and the gradient
+scale as device tensors (no blocking host-to-device copy), or a plain multi-op Adam when
+`bias_correction` is off (torch's fused kernel always corrects). `HostKernels` run GraceAdam for the
+tail buckets of the CPU-only device (host memory, host work); its norm is the same torch reduction, so
+every backend computes the norm with the same bits.
 """
 
 from __future__ import annotations
@@ -23,8 +23,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-
-NORM_CHUNK = 1 << 20  # elements per fp64 chunk in TorchKernels.grad_norm_sq (an 8 MiB transient)
 
 Annotate = Callable[..., Any]  # device.access(reads=..., writes=...): a context manager
 Tensors = list[torch.Tensor]
@@ -36,12 +34,9 @@ class HostKernels:
     def __init__(self, annotate: Annotate) -> None:
         self._annotate = annotate
 
-    def grad_norm_sq(self, flat: torch.Tensor, out: torch.Tensor) -> None:
-        import grace_adam
-
-        with self._annotate(reads=[flat], writes=[out]):
-            norm_sq, finite = grace_adam.grad_stats(flat)
-            out.fill_(norm_sq if finite else float("inf"))
+    @staticmethod
+    def grad_norm(flat: torch.Tensor, out: torch.Tensor) -> None:
+        TorchKernels.grad_norm(flat, out)
 
     def adam_step(self, param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor,
                   *, step: int, lr: float, beta1: float, beta2: float, eps: float, weight_decay: float,
@@ -70,12 +65,8 @@ class TorchKernels:
         del annotate  # torch ops are seen by the simulator's dispatch mode directly
 
     @staticmethod
-    def grad_norm_sq(flat: torch.Tensor, out: torch.Tensor) -> None:
-        out.zero_()
-        for chunk in flat.split(NORM_CHUNK):
-            c = chunk.to(torch.float64)
-            out.add_(torch.dot(c, c))
-            del c  # one chunk alive at a time
+    def grad_norm(flat: torch.Tensor, out: torch.Tensor) -> None:
+        torch.linalg.vector_norm(flat, dtype=torch.float32, out=out)
 
     @staticmethod
     def adam_step(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, *,

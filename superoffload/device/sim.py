@@ -143,11 +143,9 @@ class SimDevice(Device):
     kind = "sim"
     shares_host_memory = False
 
-    def __init__(self, hbm_budget_bytes: int | None = None, kernels: str = "grace",
-                 raise_on_hazard: bool = True) -> None:
+    def __init__(self, hbm_budget_bytes: int | None = None, raise_on_hazard: bool = True) -> None:
         super().__init__(torch.device("cpu"), hbm_budget_bytes)
-        if kernels == "torch":
-            self.kernels = TorchKernels()
+        self.kernels = TorchKernels()  # exactly what the CUDA backend launches
         self.hb = HBTracker(raise_on_hazard)
         self.compute = SimStream("compute")
         self.disabled_points: set[str] = set()
@@ -342,12 +340,12 @@ class SimDevice(Device):
                 self.hb.launch(self._current())
                 self.hb.access(self._current(), base, s, e, True, "gradient accumulation")
 
-    def release_grads(self, grads: Sequence[torch.Tensor], read_on: Sequence[Any], point: str = "") -> None:
-        # the ledger entry ends when the storage's last tensor dies (the finalizer), not here
-        safe = tuple(read_on) if not point or self._enabled(point) else ()
+    def release_grads(self, grads: Sequence[torch.Tensor]) -> None:
+        # the ledger entry ends when the storage's last tensor dies (the finalizer), not here; every
+        # access to the gradient must be ordered before its free on the current stream
         for grad in grads:
             if grad.numel():
-                self.hb.free(grad.untyped_storage().data_ptr(), on=self._current(), safe_streams=safe)
+                self.hb.free(grad.untyped_storage().data_ptr(), on=self._current())
 
     def storage_alloc(self, t: torch.Tensor, category: str) -> None:
         self.ledger.alloc(category, _nbytes(t))

@@ -9,7 +9,7 @@ shard [lo, hi) of the bucket's padded flat layout:
   host kernel reads (pinned; with a device that shares host memory it is the flatten/reduce target
   itself); `upload`, the kernel's low-precision (or fp32) output (pinned), or with `upload_slots` > 0
   none: the bucket borrows a slot of the engine's upload ring (`UploadRing`) when it publishes;
-  `norm_host`, the shard's squared norm; rollback_mode full_copy: `spare`, a second master/m/v set the
+  rollback_mode full_copy: `spare`, a second master/m/v set the
   speculative step writes.
 - tail buckets: fp32 master, moments and gradient shard on the device.
 
@@ -28,7 +28,7 @@ validation), which executes the decision the engine made (`Finalize`) without re
 from __future__ import annotations
 
 import enum
-import math
+import operator
 import threading
 import time
 from collections.abc import Callable
@@ -37,12 +37,9 @@ from typing import Any
 
 import torch
 
-from superoffload.device import Device
 from superoffload.engine import host_adam
-from superoffload.engine.comm import Comm
-from superoffload.engine.config import OptimizerConfig
+from superoffload.engine.context import EngineContext
 from superoffload.engine.layout import BucketLayout, ParamSlot, runs
-from superoffload.engine.worker import HostWorker
 
 
 @dataclass(frozen=True)
@@ -71,41 +68,6 @@ class Speculation:
     hps: dict[int, HyperParams] = field(default_factory=dict)
 
 
-class Counters:
-    """Thread-safe accumulators (the worker and the training thread both add)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.values: dict[str, float] = {}
-
-    def add(self, **kw: float) -> None:
-        with self._lock:
-            for k, v in kw.items():
-                self.values[k] = self.values.get(k, 0.0) + v
-
-    def snapshot(self) -> dict[str, float]:
-        with self._lock:
-            return dict(self.values)
-
-
-@dataclass
-class BucketContext:
-    """The narrow view of the engine a bucket needs."""
-
-    device: Device
-    comm: Comm
-    worker: HostWorker
-    counters: Counters
-    dtype: torch.dtype  # the model's precision on the device
-    optimizer: OptimizerConfig
-    host_optimizer: str
-    host_threads: int | None
-    full_copy: bool
-    upload_stream: Any
-    upload_staging: Callable[[int], torch.Tensor]  # fp32 device buffer for param_cast "device"
-    flow_sink: Any = None  # weight flow: waits for fetches that read a flowed bucket's host store
-
-
 @dataclass
 class HostBuffers:
     master: torch.Tensor
@@ -115,11 +77,10 @@ class HostBuffers:
     spare: list[torch.Tensor] | None
     landing: torch.Tensor
     upload: torch.Tensor | None  # None: the bucket publishes through a slot of the engine's upload ring
-    norm_host: torch.Tensor
 
 
 class Bucket:
-    def __init__(self, layout: BucketLayout, ctx: BucketContext, home: torch.Tensor,
+    def __init__(self, layout: BucketLayout, ctx: EngineContext, home: torch.Tensor,
                  host: HostBuffers | None, tail: dict[str, torch.Tensor] | None) -> None:
         self.layout = layout
         self.ctx = ctx
@@ -129,10 +90,8 @@ class Bucket:
         self.host = host
         self.tail = tail
         self.on_device = layout.on_device
-        self._flat_views: dict[int, list[torch.Tensor]] = {}  # flat_views' cache, by buffer address
         self.flowed = layout.flow_block is not None
-        self.flat_ready = dev.new_event()  # side stream: flattened (reduced) and normed
-        self.d2h_event = dev.new_event()  # landing (and norm_host) hold this step's gradient shard
+        self.d2h_event = dev.new_event()  # landing holds this step's gradient shard (and the norm is written)
         self.upload_event = dev.new_event()  # the weights were written to home (and gathered)
         self.gather: Any = None  # pending all-gather of home (several ranks)
         # set when no queued task will still write this bucket's weights: the next forward waits on it.
@@ -148,17 +107,25 @@ class Bucket:
         self._lock = threading.Lock()
         self.spec = Speculation()
         self.present: list[bool] = [False] * len(layout.slots)
-        self._present_idx: set[int] = set()
+        self.present_idx: set[int] = set()
         # per slot, what every launch reads (read once here: through the pieces' properties they were a
         # measurable part of a launch, which runs on the training thread)
         self.slot_params = [pc.param for pc in layout.slots]
         self.slot_index = [pc.index for pc in layout.slots]
         self.slot_whole = [pc.whole for pc in layout.slots]
         self.slot_last = [pc.last for pc in layout.slots]
+        self.pieces = len(layout.slots)
+        self.all_whole = all(self.slot_whole)  # no parameter split across buckets: the launch's fast path
+        self.all_indices = list(range(self.pieces))
+        self.all_true = [True] * self.pieces
+        self.all_present = set(self.slot_index)
+        # the step counts of this bucket's parameters, read with C calls only (once per launch); one index
+        # is asked twice so the getter returns a tuple (zip stops at the one index)
+        self._steps_of = operator.itemgetter(*self.slot_index * (2 if len(self.slot_index) == 1 else 1))
         self.launched = False
         self.ready = 0
         # parameters whose gradient this bucket's last launch read and kept (a split parameter's later
-        # pieces had not launched yet): parameter index -> its gradient generation then (engine._launch)
+        # pieces had not launched yet): parameter index -> its gradient generation then (launch.py `Launcher.launch`)
         self.kept: dict[int, int] = {}
         # upload ring (config upload_slots > 0): the slot this bucket publishes through, and whether the
         # speculative step may fill it during backward (the first buckets in forward order)
@@ -174,6 +141,7 @@ class Bucket:
     # --- identity and sizes ------------------------------------------------------------------------
     @property
     def index(self) -> int:
+        """The bucket's position in the layout (a flowed bucket, built before the layout, gets it then)."""
         return self.layout.index
 
     @property
@@ -183,17 +151,6 @@ class Bucket:
     @property
     def shard_numel(self) -> int:
         return self.hi - self.lo
-
-    def flat_views(self, flat: torch.Tensor) -> list[torch.Tensor]:
-        """`flat`'s piece views in slot order (the flatten's destinations), a whole parameter's in its
-        shape so its gradient copies in as it is; cached per buffer (a staging slot or the landing
-        buffer, each allocated once) rather than sliced out again per piece at every launch."""
-        views = self._flat_views.get(flat.data_ptr())
-        if views is None:
-            parts = flat[: self.layout.numel].split([pc.numel for pc in self.slots])
-            views = [v.view(pc.tensor.shape) if pc.whole else v for pc, v in zip(self.slots, parts, strict=True)]
-            self._flat_views[flat.data_ptr()] = views
-        return views
 
     def home_shard(self) -> torch.Tensor:
         return self.home if self.flowed else self.home[self.lo: self.hi]
@@ -224,38 +181,71 @@ class Bucket:
             if self._uploads_pending == 0:
                 self.uploaded.set()
 
-    def submit(self, fn: Callable[[], None], label: str) -> None:
+    def hold(self) -> None:
+        """A task about to be queued reads this bucket's buffers: the next launch waits for `release`."""
         with self._lock:
             self._pending += 1
             self.idle.clear()
+
+    def release(self) -> None:
+        with self._lock:
+            self._pending -= 1
+            if self._pending == 0:
+                self.idle.set()
+
+    def submit(self, fn: Callable[[], None], label: str) -> None:
+        self.hold()
 
         def run() -> None:
             try:
                 fn()
             finally:
-                with self._lock:
-                    self._pending -= 1
-                    if self._pending == 0:
-                        self.idle.set()
+                self.release()
 
         self.ctx.worker.submit(run, f"bucket {self.index}: {label}")
 
-    def mark_present(self, keep: bool = False) -> list[bool]:
-        """Per slot, whether its parameter holds a gradient now (returned); `keep`: those that had one at
-        an earlier launch in this step stay present (their part is already in the reduced shard)."""
-        fresh = [p.grad is not None for p in self.slot_params]
-        self.present = [f or was for f, was in zip(fresh, self.present, strict=True)] if keep else fresh
-        self._present_idx = {i for i, p in zip(self.slot_index, self.present, strict=True) if p}
-        return fresh
+    def mark_present(self, keep: bool = False) -> list[int]:
+        """The slots whose parameter holds a gradient now (returned, slot positions); `keep`: those that
+        had one at an earlier launch in this step stay present (their part is already in the reduced
+        shard). Loops, not comprehensions: this runs once per bucket on the training thread, where each
+        comprehension is one more Python call."""
+        held = []
+        for i, p in enumerate(self.slot_params):
+            if p.grad is not None:
+                held.append(i)
+        if len(held) == self.pieces:
+            self.present, self.present_idx = self.all_true, self.all_present
+            return self.all_indices if not keep else held
+        present = [False] * self.pieces
+        for i in held:
+            present[i] = True
+        if keep:
+            for i, was in enumerate(self.present):
+                present[i] = present[i] or was
+        self.present = present
+        self.present_idx = {i for i, p in zip(self.slot_index, present, strict=True) if p}
+        return held
+
+    def keep(self, held: list[int], gen: list[int]) -> None:
+        """The gradients of split parameters whose later pieces have not launched stay in `.grad`: noted
+        with their generation, so a carried launch knows they still hold what landed then."""
+        self.kept = {self.slot_index[i]: gen[self.slot_index[i]] for i in held if not self.slot_last[i]}
+
+    def resent(self, gen: list[int]) -> list[ParamSlot]:
+        """Carried pieces of a split parameter whose gradient was kept: it still holds what landed at the
+        earlier launch plus the new passes', so it replaces the carried part (which is zeroed)."""
+        out = [pc for pc in self.slots if self.kept.get(pc.index) == gen[pc.index]]
+        self.kept = {}
+        return out
 
     @property
     def present_indices(self) -> set[int]:
-        """The parameters (indices) present in this step's launches."""
-        return self._present_idx
+        """The parameters (indices) present in this step's launches (`all_present` when every one is)."""
+        return self.present_idx
 
     def steps_snapshot(self, steps: list[int]) -> dict[int, int]:
         """Step counts of this bucket's parameters when a task is queued (the worker runs later)."""
-        return {i: steps[i] for i in self.slot_index}
+        return dict(zip(self.slot_index, self._steps_of(steps), strict=False))
 
     # --- the host kernel over this rank's shard of the present parameters --------------------------
     def _state(self) -> list[torch.Tensor]:
@@ -286,7 +276,7 @@ class Bucket:
             # parameters without a gradient are not stepped; the spare set must still hold their state
             for s in self.slots if absent else ():
                 a, b = max(s.offset, lo) - lo, min(s.offset + s.numel, hi) - lo
-                if s.index not in self._present_idx and a < b:
+                if s.index not in self.present_idx and a < b:
                     for dst, src in zip(h.spare, state, strict=True):
                         dst[a:b].copy_(src[a:b])
         if out is not None:
@@ -294,7 +284,7 @@ class Bucket:
             # their current weights there too (which the master always casts to exactly)
             for s in self.slots if absent else ():
                 a, b = max(s.offset, lo) - lo, min(s.offset + s.numel, hi) - lo
-                if s.index not in self._present_idx and a < b:
+                if s.index not in self.present_idx and a < b:
                     out[a:b].copy_(h.master[a:b])
         lowp = out is not None and out.dtype != torch.float32
         o = ctx.optimizer
@@ -302,7 +292,7 @@ class Bucket:
         def key(s: ParamSlot) -> tuple[int, int] | None:
             # one kernel call per run of parameters sharing a param group and a step count; parameters
             # without a gradient this step are not stepped at all (as torch.optim does)
-            return (s.group, steps[s.index]) if s.index in self._present_idx else None
+            return (s.group, steps[s.index]) if s.index in self.present_idx else None
 
         writes = [*(h.spare if out_of_place else state if commit else []), *([out] if out is not None else [])]
         with ctx.device.access(reads=[h.landing, *state], writes=writes):
@@ -373,9 +363,8 @@ class Bucket:
         ctx, h = self.ctx, self.host
         assert h is not None
         self._spec_weights = False
+        # a non-finite gradient is stepped too (into scratch buffers only): validation discards it
         ctx.device.sync_event(self.d2h_event, "speculate: gradient landed")
-        if not math.isfinite(float(h.norm_host[0])):
-            return  # never step a shard whose own gradient is not finite (validation will skip or redo)
         if not self.speculates_weights and h.spare is None:
             return
         t0 = time.perf_counter()
@@ -403,7 +392,8 @@ class Bucket:
                   speculated: bool) -> None:
         ctx, h = self.ctx, self.host
         assert h is not None
-        ctx.device.sync_event(self.d2h_event, "finalize: gradient landed")
+        # the gradient has landed: validation's host synchronization waited for the side stream, whose
+        # last event follows every D2H (launch.py), and this task was queued after it
         if kind is Finalize.NOTHING:
             return
         t0 = time.perf_counter()

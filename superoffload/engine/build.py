@@ -19,10 +19,11 @@ from typing import Any
 import torch
 
 from superoffload.device import Device
-from superoffload.engine.bucket import Bucket, BucketContext, HostBuffers
+from superoffload.engine.bucket import Bucket, HostBuffers
 from superoffload.engine.buffers import ArenaRequest, HostArena, StagingRing, UploadRing, aligned_bytes
 from superoffload.engine.comm import Comm
 from superoffload.engine.config import ConfigError, SuperOffloadConfig
+from superoffload.engine.context import EngineContext
 from superoffload.engine.layout import BucketLayout, ParamSlot
 from superoffload.packing import ShapeTensor, chains, plan_buckets
 from superoffload.planner.presets import physical_memory_bytes
@@ -36,12 +37,27 @@ class BufferBuilder:
     """Builds buckets and their buffers for one engine. `pending_master`: parameter index -> the fp32
     master taken from the weights as given (a bucket takes its part; the last piece's bucket drops it)."""
 
-    def __init__(self, device: Device, config: SuperOffloadConfig, comm: Comm, dtype: torch.dtype,
-                 ctx: BucketContext, pending_master: dict[int, torch.Tensor]) -> None:
-        self.device, self.config, self.comm, self.dtype, self.ctx = device, config, comm, dtype, ctx
+    def __init__(self, ctx: EngineContext, pending_master: dict[int, torch.Tensor]) -> None:
+        self.ctx = ctx
         self.pending_master = pending_master
         self.arenas: list[HostArena] = []  # every host allocation made so far
         self.homes: dict[int, torch.Tensor] = {}  # a resident parameter's flat view of its device weights
+
+    @property
+    def device(self) -> Device:
+        return self.ctx.device
+
+    @property
+    def config(self) -> SuperOffloadConfig:
+        return self.ctx.config
+
+    @property
+    def comm(self) -> Comm:
+        return self.ctx.comm
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.ctx.dtype
 
     # --- dtypes --------------------------------------------------------------------------------------
     @property
@@ -90,7 +106,7 @@ class BufferBuilder:
         reqs, stores = self._request_buffers(layouts, pinned, pageable)
         need: dict[str, int] = collections.Counter()
         for r in reqs.values():
-            for key in ("state", "spare", "landing", "upload", "norm"):
+            for key in ("state", "spare", "landing", "upload"):
                 value = r[key]
                 for one in value if isinstance(value, list) else [value] if value is not None else []:
                     need[key] += aligned_bytes(one)
@@ -112,7 +128,7 @@ class BufferBuilder:
         if total <= budget:
             return
         names = {"state": "fp32 master, m, v", "spare": "full_copy spare state", "landing": "gradient landing",
-                 "upload": "weight upload", "norm": "norms", "flow stores": "flowed weights"}
+                 "upload": "weight upload", "flow stores": "flowed weights"}
         parts = ", ".join(f"{names[k]} {nbytes(v)}" for k, v in sorted(need.items(), key=lambda kv: -kv[1]) if v)
         hints = []
         if need["upload"] and not cfg.upload_slots:
@@ -144,7 +160,8 @@ class BufferBuilder:
         homes = self._device_homes(resident)
         for key, (req, a, e) in stores.items():  # a flowed bucket's home: its part of its chain's host store
             homes[key] = req.tensor[a:e]
-        buckets = [self._make_bucket(lay, reqs.get(id(lay)), homes[id(lay)]) for lay in layouts]
+        tails = self._tail_arenas(layouts)
+        buckets = [self._make_bucket(lay, reqs.get(id(lay)), homes[id(lay)], tails.get(id(lay))) for lay in layouts]
         self._view_homes(resident, homes)
         return buckets
 
@@ -175,8 +192,7 @@ class BufferBuilder:
                 "state": [pageable.request(n, torch.float32) for _ in range(state)],
                 "spare": [pageable.request(n, torch.float32) for _ in range(state)] if full_copy else None,
                 "landing": (pageable if dev.shares_host_memory else pinned).request(landing_n, grad_dtype),
-                "upload": pinned.request(n, up_dtype) if cfg.upload_slots == 0 else None,
-                "norm": pinned.request(1, torch.float64)}
+                "upload": pinned.request(n, up_dtype) if cfg.upload_slots == 0 else None}
         return reqs, stores
 
     def _flow_store_requests(self, layouts: list[Any], arena: HostArena) -> StoreRequests:
@@ -219,15 +235,30 @@ class BufferBuilder:
                         self.homes[s.index] = flat
                         s.param.data = flat.view(s.shape)
 
-    def _make_bucket(self, lay: BucketLayout, req: dict[str, Any] | None, home: torch.Tensor) -> Bucket:
-        dev, comm = self.device, self.comm
+    def _tail_arenas(self, layouts: list[BucketLayout]) -> dict[int, dict[str, torch.Tensor]]:
+        """The device tail buckets' fp32 master, moments and gradient shards: one flat device allocation
+        per kind, each bucket's shard a view of it (id(layout) -> its views)."""
+        tails = [lay for lay in layouts if lay.on_device]
+        if not tails:
+            return {}
+        comm = self.comm
+        sizes = [lay.shard(comm.shard_rank, comm.shards) for lay in tails]
+        total = sum(hi - lo for lo, hi in sizes)
+        keys = ("master", "exp_avg", "exp_avg_sq", "grad", *(["max_exp_avg_sq"] if self.config.optimizer.amsgrad
+                                                             else []))
+        flat = {k: self.device.zeros(total, torch.float32, "tail_state") for k in keys}
+        out, base = {}, 0
+        for lay, (lo, hi) in zip(tails, sizes, strict=True):
+            out[id(lay)] = {k: t[base: base + hi - lo] for k, t in flat.items()}
+            base += hi - lo
+        return out
+
+    def _make_bucket(self, lay: BucketLayout, req: dict[str, Any] | None, home: torch.Tensor,
+                     tail: dict[str, torch.Tensor] | None) -> Bucket:
+        comm = self.comm
         lo, hi = lay.shard(comm.shard_rank, comm.shards)
-        n = hi - lo
-        host = tail = None
-        if req is None:  # a device tail bucket
-            amsgrad = self.config.optimizer.amsgrad
-            tail = {k: dev.zeros(n, torch.float32, "tail_state")
-                    for k in ("master", "exp_avg", "exp_avg_sq", "grad", *(["max_exp_avg_sq"] if amsgrad else []))}
+        host = None
+        if tail is not None:  # a device tail bucket
             master = tail["master"]
         else:
             st = [r.tensor for r in req["state"]]
@@ -237,9 +268,7 @@ class BufferBuilder:
                                max_exp_avg_sq=st[3] if len(st) > 3 else None,
                                spare=[r.tensor for r in req["spare"]] if req["spare"] is not None else None,
                                landing=req["landing"].tensor,
-                               upload=req["upload"].tensor if req["upload"] is not None else None,
-                               norm_host=req["norm"].tensor)
-            host.norm_host.zero_()
+                               upload=req["upload"].tensor if req["upload"] is not None else None)
             if host.upload is not None:
                 host.upload.zero_()
             master = host.master

@@ -1,11 +1,22 @@
-"""Each bucket's squared gradient norm, and the step's [Σ norm², non-finite count] from them.
+"""Each bucket's gradient norm, and the step's Σ norm² from them.
 
-Sharded, a rank computes its own shard's norm per bucket; the step's total is the sum over buckets on
+At launch a bucket costs one reduction per norm part: `kernels.grad_norm`, the fp32 L2 norm of the
+reduced gradient (pads excluded), written into this step's per-bucket fp32 vector. Once per step the
+vector is squared and summed in fp64 (`sum_sq`: a cast and a dot). A non-finite gradient element makes
+its bucket's norm non-finite and so the sum: squares of finite fp32 norms cannot overflow fp64, so
+"the sum is finite" is the step's finite flag, with no count to reduce.
+
+Against `torch.nn.utils.clip_grad_norm_` (per-tensor norms in the gradient's dtype, then the norm of
+their vector): the per-bucket norms here are fp32 over a bucket's flat gradient, their squares summed in
+fp64, so the global norm can differ from torch's in the last bits (docs/engine.md, "The gradient norm").
+Speculation and validate-first read the same vector, so they agree bit for bit.
+
+Sharded, a rank computes its own shard's norm per bucket; the step's total is its sum over buckets on
 each rank, then over ranks (one fp64 all-reduce). Replicated (engine config `replicate`), every rank
 holds every bucket whole; it computes the norm of each rank's would-be shard separately and sums them
-the same way, buckets first, then ranks in order, so the clip factor, the reported norm and the
-non-finite count are the sharded run's bit for bit (at two ranks, where a sum of two is the same in
-either order; with more ranks the all-reduce's order is the backend's) and need no collective.
+the same way, buckets first, then ranks in order, so the clip factor and the reported norm are the
+sharded run's bit for bit (at two ranks, where a sum of two is the same in either order; with more ranks
+the all-reduce's order is the backend's) and need no collective.
 """
 
 from __future__ import annotations
@@ -20,34 +31,37 @@ class BucketNorms:
     def __init__(self, device: Device, buckets: int, parts: int) -> None:
         """`parts`: shards per bucket whose norms this rank computes (1 when sharded or on one rank)."""
         self.parts, self.buckets = parts, buckets
-        # bucket-major: a bucket's parts are adjacent, so reading them (of_bucket, on a copy stream) touches
-        # no other bucket's norms while those are being written
-        self.values = device.zeros(buckets * parts, torch.float64, "staging")
+        # bucket-major: a bucket's parts are adjacent
+        self.values = device.zeros(buckets * parts, torch.float32, "staging")
+        # the 0-dim output of each norm, made once (a view per launch would be Python work per bucket)
+        self.slot = list(self.values.unbind())
 
-    def compute(self, kernels, index: int, layout: BucketLayout, reduced: torch.Tensor) -> None:
-        """Bucket `index`'s norm(s) from its reduced gradient (this rank's shard, or the whole bucket)."""
+    def part_views(self, layout: BucketLayout, reduced: torch.Tensor, offset: int = 0) -> list[torch.Tensor]:
+        """What each norm part of a bucket reads in `reduced` (which starts at flat element `offset`):
+        this rank's shard (parts == 1) or every rank's would-be shard, pads excluded."""
         if self.parts == 1:
-            kernels.grad_norm_sq(reduced, self.values[index: index + 1])
-            return
+            return [reduced[: max(0, min(layout.numel - offset, reduced.numel()))]]
+        views = []
         for r in range(self.parts):
             lo, hi = layout.shard(r, self.parts)
-            at = index * self.parts + r
-            kernels.grad_norm_sq(reduced[lo:hi], self.values[at: at + 1])
+            views.append(reduced[lo - offset: max(lo, min(hi, layout.numel)) - offset])
+        return views
 
-    def of_bucket(self, index: int) -> torch.Tensor:
-        """A one-element tensor that is finite exactly when bucket `index`'s gradient (here) is."""
+    def compute(self, kernels, index: int, views: list[torch.Tensor]) -> None:
+        """Bucket `index`'s norm part(s) from `part_views`' views of its reduced gradient."""
+        at = index * self.parts
+        for r, v in enumerate(views):
+            kernels.grad_norm(v, self.slot[at + r])
+
+    def sum_sq(self) -> torch.Tensor:
+        """[Σ norms²] in fp64 over this rank's parts (1 element; not finite when a gradient is not);
+        summing it over the ranks is still to do when sharded."""
         if self.parts == 1:
-            return self.values[index: index + 1]
-        return self.values[index * self.parts: (index + 1) * self.parts].sum().reshape(1)
-
-    def stats(self) -> torch.Tensor:
-        """[Σ finite norms², number of non-finite parts] (fp64) over this rank's parts; summing it over the
-        ranks is still to do when sharded."""
-        total = count = None
-        rows = self.values.view(self.buckets, self.parts).t().contiguous() if self.parts > 1 else [self.values]
-        for row in rows:  # contiguous: the same reduction a rank's own vector gets
-            finite = torch.isfinite(row)
-            s = torch.where(finite, row, torch.zeros_like(row)).sum()
-            c = (~finite).sum().to(torch.float64)
-            total, count = (s, c) if total is None else (total + s, count + c)
-        return torch.stack([total, count])
+            v = self.values.to(torch.float64)
+            return torch.dot(v, v).reshape(1)
+        total = None
+        for r in range(self.parts):  # each rank's vector contiguous: the same reduction a rank's own gets
+            v = self.values.view(self.buckets, self.parts)[:, r].to(torch.float64)
+            s = torch.dot(v, v)
+            total = s if total is None else total + s
+        return total.reshape(1)

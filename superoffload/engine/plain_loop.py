@@ -19,7 +19,7 @@ and speculates the host step. So the engine learns it from the loop:
 - More passes than predicted (a gradient for a bucket that has already left): every speculation of
   the step is dropped (it used part of the gradient), gradients accumulate in `.grad` as torch
   accumulates them, and `step()` launches every bucket again, adding the new gradients to the reduced
-  shard of the earlier launch (`engine._launch(carry=True)`), so the step uses the sum, as torch's
+  shard of the earlier launch (`Launcher.launch(carry=True)`), so the step uses the sum, as torch's
   does. With several ranks every rank first issues the same reductions: the buckets one rank launched
   before it saw the extra pass and another had not yet (a prefix in bucket order; the longest one is
   agreed by an all-reduce) are launched by the others too, each contributing what it holds.
@@ -93,21 +93,21 @@ class PlainLoop:
             self._overrun()  # a gradient for a bucket that has already left: more passes than predicted
         elif idx not in self.ready:
             self.ready.add(idx)
-            e._param_ready(idx)
+            e.launcher.param_ready(idx)
 
     def _begin_pass(self) -> None:
         e = self.engine
         self.passes += 1
         if self.passes == 1:
             with torch.no_grad():
-                e._adopt_user_weight_changes()  # weights written since the last step (torch would step them)
+                e.adopt_weight_changes()  # weights written since the last step (torch would step them)
         if self.boundary:
             self._overrun()
             return
         if e.layout_measured and self.passes == self.predicted():
             self.boundary = True
             self.ready = set()
-            e._begin_boundary()
+            e.begin_boundary()
 
     def _end_task(self, task: int) -> None:
         e = self.engine
@@ -115,12 +115,12 @@ class PlainLoop:
             self.active.remove(task)
         if self.active:
             return  # a nested (reentrant) task: the pass goes on
-        e._check_unowned_grads()
+        e.check_unowned_grads()
         with e.backend.tracking():
             if e.flow is not None:
                 e.flow.end_backward()
             if self.boundary and not self.overrun and not self.launched_all:
-                e._launch_remaining()  # buckets with parameters that had no gradient in this pass
+                e.launcher.launch_remaining()  # buckets with parameters that had no gradient in this pass
                 self.launched_all = True
 
     def _overrun(self) -> None:
@@ -150,12 +150,11 @@ class PlainLoop:
                 with e.backend.allow_sync():
                     e.build_layout(first)
             if not self.boundary:  # no prediction yet, or fewer passes than predicted: validate first
-                e._begin_boundary()
-                e.step_state.speculating = False
+                e.begin_boundary(speculate=False)
             if self.overrun:
                 self._launch_again()
             else:
-                e._launch_remaining()
+                e.launcher.launch_remaining()
         e.step_state.boundary = False
         e.step_state.backward_done = True
         self.launched_all = self.boundary = True  # a pass after this is more than the step's
@@ -170,13 +169,13 @@ class PlainLoop:
             with e.backend.allow_sync():
                 agreed = int(e.backend.to_host(t)[0])
         for b in e.buckets[done:agreed]:
-            e._launch(b)  # what other ranks launched before the extra pass: contribute what this rank holds
+            e.launcher.launch(b)  # what other ranks launched before the extra pass: contribute what this rank holds
         for b in e.buckets:
             if b.index < agreed and not e.comm.active and not any(s.param.grad is not None for s in b.slots):
                 continue  # nothing new for it (one rank: no collective to keep in step)
-            e._launch(b, carry=b.index < agreed)
+            e.launcher.launch(b, carry=b.index < agreed)
         e.step_state.next_launch = len(e.buckets)
-        e._complete_launches()
+        e.launcher.complete()
 
     def step(self) -> bool | None:
         """Validate and apply the step; None when no gradient reached the engine since the last one
@@ -185,7 +184,7 @@ class PlainLoop:
             self.active.clear()
             return None
         self.complete()
-        applied = self.engine._finish_step()
+        applied = self.engine.finish_step()
         self.history.append(self.passes)
         self._new_window()
         return applied
@@ -196,8 +195,8 @@ class PlainLoop:
         its host tasks)."""
         e = self.engine
         if not keep_grads:
-            e._drop_grads()
+            e.drop_grads()
         if self.passes:
             e.worker.drain()
-            e._reset_step()
+            e.reset_step()
         self._new_window()

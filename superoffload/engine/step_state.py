@@ -25,6 +25,8 @@ class StepState:
     next_launch: int = 0  # the next bucket to launch, in bucket order
     norm: tuple[float, int] | None = None  # this step's (sum of norm^2, non-finite count), once reduced
     step_clip: float | None = None  # a clip threshold asked for this step (clip_grad_norm_)
+    partial: bool = False  # a bucket launched with parameters that had no gradient
+    inputs: Any = None  # the speculative step's (scale, hyper-parameters), read once per step
 
     def reset(self) -> None:
         """A new step (or the end of one that is discarded): everything but `needs_zero_grad`."""
@@ -40,6 +42,6 @@ class InFlight:
 
     bucket: Any  # engine.bucket.Bucket
     work: Any  # the collective's handle
-    shard: torch.Tensor  # where this rank's reduced part lands
+    target: Any  # engine.launch.Target: where the gradient was written and where its reduced part lands
     slot: int | None  # the staging slot the flat gradient was written to (read until the work is done)
     prev: torch.Tensor | None  # a carried launch's earlier shard, added once reduced

@@ -283,7 +283,7 @@ class AdamW(torch.optim.Optimizer):
             self._grads.remove()
         self.engine.close()
 
-    def _supersede(self) -> None:
+    def supersede(self) -> None:
         """A later superoffload.AdamW took these parameters over (optim/grads.py `claim`)."""
         if self._superseded:
             return
@@ -318,14 +318,14 @@ class AdamW(torch.optim.Optimizer):
             return loss
         arguments.check_groups(self.param_groups, e.config.optimizer.amsgrad)
         self._check_unfrozen()
-        e._check_usable()
+        e.check_usable()
         if self.state.edited():
             self._push_state_edits()
         try:
             self._grads.replay([s.param for s in e.slots])
             with torch.no_grad():
                 self._plan.before_first_step()
-                e._plain.step()
+                e.plain.step()
         finally:
             self.state.invalidate()
             self._grads.after_step()
@@ -350,11 +350,11 @@ class AdamW(torch.optim.Optimizer):
             return
         self._grads.forget()
         if set_to_none:
-            e._plain.zero_grad()
+            e.plain.zero_grad()
         else:
             with torch.no_grad():
                 held = [s.param.grad for s in e.slots if s.param.grad is not None]
-                e._plain.zero_grad(keep_grads=True)
+                e.plain.zero_grad(keep_grads=True)
                 for g in held:
                     g.zero_()
         if self.state.edited():  # the window is new: nothing has read the state yet
@@ -381,14 +381,14 @@ class AdamW(torch.optim.Optimizer):
 
     def _clip(self, max_norm: float | None) -> float:
         e = self.engine
-        e._check_usable()
+        e.check_usable()
         self._check_unfrozen()
         self._grads.replay([s.param for s in e.slots])  # assigned gradients count in the norm, as in torch
-        if not e._plain.has_gradients:
+        if not e.plain.has_gradients:
             return 0.0
         with torch.no_grad():
             self._plan.before_first_step()
-            e._plain.complete()
+            e.plain.complete()
             return e.step_grad_norm(max_norm)
 
     # --- state dicts ---------------------------------------------------------------------------------
@@ -478,7 +478,7 @@ class AdamW(torch.optim.Optimizer):
         drops them). Refused once this step's buckets may have left (the window's predicted last backward
         pass has begun, or the norm was taken): their speculative steps read the state this replaces."""
         e = self.engine
-        if e._plain.boundary:
+        if e.plain.boundary:
             raise RuntimeError("superoffload.AdamW: the optimizer state was loaded, or its opt.state tensors edited, "
                                "after this step's backward passes began: the engine steps speculatively during the "
                                "last one, from the state as it was then. Load or edit after step() or zero_grad(), "
@@ -556,9 +556,9 @@ class AdamW(torch.optim.Optimizer):
             raise RuntimeError(f"parameter(s) {', '.join(s.name for s in moved[:3])} moved to {moved[0].param.device} "
                                f"after superoffload.AdamW was built on {e.device}: build the optimizer after "
                                f"model.to(device)")
-        e._check_unowned_grads()  # a parameter frozen at construction that got a gradient
+        e.check_unowned_grads()  # a parameter frozen at construction that got a gradient
 
-    def _take_clip_from_torch(self, params: list[torch.Tensor], max_norm: float, total_norm: torch.Tensor,
+    def take_clip_from_torch(self, params: list[torch.Tensor], max_norm: float, total_norm: torch.Tensor,
                               norm_type: float, error_if_nonfinite: bool) -> None:
         """`torch.nn.utils.clip_grad_norm_(params, max_norm)` was called over parameters this optimizer
         trains (optim/clip.py): clip this step in the engine and make the returned norm the true one."""

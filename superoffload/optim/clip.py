@@ -81,7 +81,7 @@ def wrap_accelerate() -> None:
             return original(self, params, max_norm, norm_type)
         self.unscale_gradients()  # what accelerate does first (a no-op without a gradient scaler)
         total = torch.tensor(0.0)
-        opt._take_clip_from_torch(params, float(max_norm), total, float(norm_type), False)
+        opt.take_clip_from_torch(params, float(max_norm), total, float(norm_type), False)
         return total
 
     clip_grad_norm_._superoffload = True  # type: ignore[attr-defined]
@@ -107,7 +107,7 @@ def _wrap_helpers() -> None:
         if opt is None:
             return clip(params, max_norm, total_norm, foreach)
         norm_type, error_if_nonfinite = getattr(_last, "args", (2.0, False))
-        opt._take_clip_from_torch(params, float(max_norm), total_norm, norm_type, error_if_nonfinite)
+        opt.take_clip_from_torch(params, float(max_norm), total_norm, norm_type, error_if_nonfinite)
         return None
 
     clip_grad._get_total_norm = _get_total_norm
@@ -125,7 +125,7 @@ def _wrap_public() -> None:  # pragma: no cover - torch < 2.6
         if opt is None:
             return original(params, max_norm, norm_type, error_if_nonfinite, foreach)
         total = torch.tensor(0.0)
-        opt._take_clip_from_torch(params, float(max_norm), total, float(norm_type), error_if_nonfinite)
+        opt.take_clip_from_torch(params, float(max_norm), total, float(norm_type), error_if_nonfinite)
         return total
 
     clip_grad.clip_grad_norm_ = clip_grad_norm_

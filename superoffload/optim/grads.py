@@ -47,7 +47,7 @@ def claim(opt: Any, params: list[torch.Tensor]) -> None:
             earlier[id(entry[1]())] = entry[1]()
         _owners[id(p)] = (weakref.ref(p), weakref.ref(opt))
     for old in earlier.values():
-        old._supersede()
+        old.supersede()
 
 
 class GradTracker:

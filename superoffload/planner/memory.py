@@ -176,8 +176,8 @@ class MemoryEstimate:
 # The SuperOffload engine's memory, allocation by allocation (what its ledger measures)
 # ---------------------------------------------------------------------------------------------------
 HOST_ALIGN = 64  # bytes: every carved host buffer starts on a cache line (engine/buffers.py)
-NORM_BYTES = 8  # the fp64 squared norm of each bucket (device) and of each host shard (pinned)
-PINNED_KEYS = frozenset({"landing", "upload", "norms", "flow_stores"})
+NORM_BYTES = 4  # the fp32 norm of each bucket (device; engine/norms.py)
+PINNED_KEYS = frozenset({"landing", "upload", "flow_stores"})
 
 
 @dataclass(frozen=True)
@@ -327,11 +327,10 @@ def engine_memory(shape: ModelShape, seq: int, batch: int, checkpointing: bool, 
     dev.update(activation_memory(shape, seq, batch, checkpointing, p, sp=m.sp,
                                  offload_checkpoints=m.offload_checkpoints, loss_tile=m.loss_tile))
     state = (4 if m.amsgrad else 3) * FP32
-    if k:  # each host bucket's shard: landing, upload, norm, master/m/v (and spare), each aligned
+    if k:  # each host bucket's shard: landing, upload, master/m/v (and spare), each aligned
         host["landing"] = _aligned_sum(pk, gbytes, k)
         if not m.upload_slots:
             host["upload"] = _aligned_sum(pk, ubytes, k)
-        host["norms"] = k * _aligned(NORM_BYTES)
         host["master_m_v"] = state // FP32 * _aligned_sum(pk, FP32, k)
         if m.rollback_mode == "full_copy":
             host["spare"] = state // FP32 * _aligned_sum(pk, FP32, k)

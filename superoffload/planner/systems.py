@@ -188,7 +188,7 @@ def _data_parallel(spec: SystemSpec, opts: Options, world: int) -> None:
     - superoffload (superoffload/engine/comm.py): each bucket's gradient copied into a flat buffer (fp32,
       cast on the device), SUM reduce-scatter in its dtype, the rank's shard D2H, host Adam on the shard,
       the shard's weights H2D and an all-gather of the bucket's weights in the training precision; one
-      all-reduce of [norm², non-finite count] per step. With ``grad_cast: host`` the flat gradient stays
+      all-reduce of Σ norm² (fp64) per step. With ``grad_cast: host`` the flat gradient stays
       in the training precision: reduce-scattered and moved in it, cast by the host kernel.
     - zero_offload / zero_infinity (DeepSpeed ZeRO-2 / ZeRO-3 with every parameter persistent, as the
       artifact configures it): per reduce bucket a reduce of each partition to its owner (reduce-scatter

@@ -148,7 +148,7 @@ def test_windows_longer_and_shorter_than_predicted_still_sum_as_torch():
         losses, opt = run(so_adamw(device=device))
         assert max_rel(ref, losses) < 1e-5, device
         assert device == "host" or opt.engine.backend.hb.hazards == []
-        assert opt.engine._plain.overruns == 2 and opt.stats["speculation"]["speculated"] >= 3
+        assert opt.engine.plain.overruns == 2 and opt.stats["speculation"]["speculated"] >= 3
 
 
 def test_hyperparameters_changed_mid_run_take_effect(reference):
@@ -205,7 +205,7 @@ def test_reentrant_checkpointing_nests_graph_tasks_and_still_trains_as_torch():
 
     (ref, _), (losses, opt) = run(torch_adamw), run(so_adamw())
     assert max_rel(ref, losses) < 1e-5
-    assert opt.engine._plain.overruns == 0 and opt.stats["speculation"]["speculated"] == 5
+    assert opt.engine.plain.overruns == 0 and opt.stats["speculation"]["speculated"] == 5
 
 
 def test_state_dict_resumes_bit_identically_and_loads_with_weights_only(tmp_path):
