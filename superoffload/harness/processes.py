@@ -21,6 +21,7 @@ import ctypes
 import ctypes.util
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -70,12 +71,16 @@ def kill_marked(name: str, value: str, grace_s: float = 5.0) -> list[int]:
     return pids
 
 
-def stop_group(pgid: int, grace_s: float = 10.0) -> None:
-    """SIGTERM a process group (its leader started with start_new_session), SIGKILL it after `grace_s`."""
+def stop_group(pgid: int, grace_s: float = 10.0, leader: subprocess.Popen | None = None) -> None:
+    """SIGTERM a process group (its leader started with start_new_session), SIGKILL it after `grace_s`.
+    `leader`: the group leader's Popen, reaped while waiting: an exited but unreaped leader is a zombie
+    that still counts as a group member, so without it every stop would wait the whole grace period."""
     with contextlib.suppress(OSError):
         os.killpg(pgid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
+        if leader is not None:
+            leader.poll()
         try:
             os.killpg(pgid, 0)
         except OSError:

@@ -218,7 +218,7 @@ def _run_owned(cmd: list[str], timeout: float, out: Path) -> tuple[int | None, s
     def give_up(why: str) -> None:
         stopped.append(why)
         claim.unlink(missing_ok=True)  # from now on the run may not write its record
-        processes.stop_group(proc.pid)
+        processes.stop_group(proc.pid, leader=proc)
         processes.kill_marked(processes.TREE_ENV, tree)
 
     def on_signal(signum, frame) -> None:
