@@ -114,7 +114,9 @@ class SuperOffloadConfig:
     weight_decay_split: bool = True
     """default param groups: matrices decay; biases, norms and other 1-D params do not"""
     host_threads: int | None = None
-    """host kernel threads (default: GraceAdam's own default)"""
+    """host kernel threads; null: beside a discrete device (CUDA, sim) the CPUs of the affinity mask except
+    the training thread's, GraceAdam's pool pinned to them (GRACE_ADAM_CPUS names them instead); on the
+    CPU-only device GraceAdam's own default"""
     host_optimizer: HostOptimizer = "grace"
     """host Adam kernel: grace | torch (fused CPU AdamW) | cpuadam (DeepSpeed)"""
     overlap_param_return: bool = True

@@ -30,6 +30,7 @@ import torch.nn as nn
 
 from superoffload.device import get_device
 from superoffload.engine import checkpoint as ckpt
+from superoffload.engine import host_adam
 from superoffload.engine.adopt import WeightWatch
 from superoffload.engine.bucket import Bucket, HyperParams
 from superoffload.engine.buffers import UploadRing
@@ -101,6 +102,7 @@ class SuperOffloadEngine(DeepSpeedNames):
         device = get_device(cfg.device, cfg.hbm_budget_bytes)
         comm = Comm.create(process_group, replicate=cfg.replicate)
         worker = HostWorker(device)
+        self.host_pool = host_adam.configure_pool(cfg.host_optimizer, not device.shares_host_memory, cfg.host_threads)
         self.ctx = EngineContext(config=cfg, device=device, comm=comm, worker=worker, counters=Counters(),
                                  dtype=torch_dtype(cfg.precision), upload_stream=device.new_stream("upload"),
                                  upload_staging=self._upload_staging)
@@ -172,9 +174,7 @@ class SuperOffloadEngine(DeepSpeedNames):
         """The global gradient norm of the last step (after unscaling; nan when not finite)."""
         return self.validator.last_grad_norm
 
-    @property
-    def last_clip_coef(self) -> float:
-        return self.validator.last_clip_coef
+    last_clip_coef = property(lambda self: self.validator.last_clip_coef)
 
     def _collect_params(self, model: nn.Module, optimizer: torch.optim.Optimizer | None,
                         param_groups: Any) -> list[dict[str, Any]]:
@@ -513,10 +513,7 @@ class SuperOffloadEngine(DeepSpeedNames):
         """This rank's part of parameter `s`'s fp32 master from its flat `values`."""
         self.weights.write_master(s, values)
 
-    @property
-    def window_micros(self) -> int:
-        """backward() calls in the current accumulation window."""
-        return self._window_micros
+    window_micros = property(lambda self: self._window_micros, doc="backward() calls in the current window")
 
     def restore_progress(self, global_step: int, micro: int, window_micros: int) -> None:
         """The step counters of a checkpoint."""
@@ -683,7 +680,7 @@ class SuperOffloadEngine(DeepSpeedNames):
             "pinned_bytes": sum(a.nbytes for a in self.builder.arenas if a.pinned),
             "layout_measured": self.layout_measured,
             "bytes": {"d2h": int(c.pop("bytes_d2h", 0)), "h2d": int(c.pop("bytes_h2d", 0))},
-            "time_s": {**c, "host_worker_busy_s": self.worker.busy_s},
+            "time_s": {**c, "host_worker_busy_s": self.worker.busy_s}, "host_pool": self.host_pool,
             # with speculation off nothing is rolled back: the rate of recent steps that clipped or skipped
             # (what a speculation would have had to redo) is reported apart, and the rollback rate is None
             "speculation": {**dict(self.validator.spec_counts), "enabled": self.config.speculation,

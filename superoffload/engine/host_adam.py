@@ -96,3 +96,20 @@ def adam_step(backend: str, param: torch.Tensor, grad: torch.Tensor, exp_avg: to
     for out in (param_out, lowp_out):
         if out is not None:
             out.copy_(p)  # torch casts round to nearest even
+
+
+def configure_pool(backend: str, discrete_device: bool, threads: int | None) -> dict | None:
+    """GraceAdam's thread pool for an engine: beside a discrete device (CUDA, or the simulated one) with
+    `host_threads` left null, one thread per CPU of the affinity mask except the training thread's, pinned
+    (`grace_adam.configure_for_training`; `GRACE_ADAM_CPUS` names the CPUs instead): the training thread
+    launches the device's work and must not share its core with the host step. Elsewhere (the CPU-only
+    device, whose compute uses torch's threads, or an explicit `host_threads`) nothing is changed and the
+    kernel gets `host_threads` per call. Returns what was set (the engine's stats), or None."""
+    if backend != "grace" or not discrete_device or threads is not None:
+        return None
+    import grace_adam
+
+    if not grace_adam.native_available():
+        return None
+    pool = grace_adam.configure_for_training(reserve=1, pin=True)
+    return {"cpus": list(pool.cpus), "threads": pool.threads, "pinned": pool.pinned, "source": pool.source}

@@ -388,3 +388,27 @@ def test_torch_kernels_one_call_over_many_slices_equals_a_call_per_slice(amsgrad
     for a, b in zip((p, m, v, vmax), (one[0], one[2], one[3], one[4]), strict=True):
         assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
     assert not torch.equal(p[2], before)  # it stepped
+
+
+def test_host_pool_beside_a_discrete_device_leaves_the_training_threads_cpu(monkeypatch):
+    """host_threads null beside a discrete device: GraceAdam's pool is the affinity mask minus the training
+    thread's CPU, pinned; an explicit host_threads, or the CPU-only device, leave the pool alone."""
+    import grace_adam
+
+    if not grace_adam.native_available():
+        pytest.skip("the pool belongs to GraceAdam's native kernel")
+    monkeypatch.delenv("GRACE_ADAM_CPUS", raising=False)
+    before = grace_adam.get_num_threads()
+    try:
+        engine = superoffload.initialize(model_fn()(), {"optimizer": OPT, "device": "sim"})
+        pool = engine.stats["host_pool"]
+        assert pool["cpus"] == grace_adam.cpus_beside_training(1) and pool["threads"] == len(pool["cpus"])
+        assert grace_adam.get_num_threads() == pool["threads"]
+        engine.close()
+        for cfg in ({"device": "sim", "host_threads": 1}, {"device": "host"}):
+            engine = superoffload.initialize(model_fn()(), {"optimizer": OPT, **cfg})
+            assert engine.stats["host_pool"] is None
+            engine.close()
+    finally:
+        grace_adam.set_num_threads(before)
+        grace_adam.set_affinity(None)
