@@ -39,6 +39,7 @@ static struct {
     int nworkers; /* threads with ids 1..nworkers */
     pthread_t threads[GA_MAX_THREADS];
     uint64_t gen;  /* bumped per job */
+    uint64_t spawn_gen[GA_MAX_THREADS];  /* the generation a worker was created in (set before it runs) */
     ga_job job;    /* the current job; valid while !closed */
     int first;     /* worker id whose home range is 0: 1 when the caller only waits, else 0 (the caller) */
     int active;    /* workers inside the current job */
@@ -81,7 +82,11 @@ static void *worker_main(void *arg) {
     int id = (int)(intptr_t)arg;
     uint64_t seen;
     pthread_mutex_lock(&P.mu);
-    seen = P.gen;
+    /* The generation current when this worker was created, not when it first runs: the job it was
+     * created for may already have been published by then (gen bumped), and reading P.gen here would
+     * make it wait for the next one while the caller waits for it (a deadlock seen when the pool first
+     * grows under a pinned configuration, where the caller does not work itself). */
+    seen = P.spawn_gen[id - 1];
     for (;;) {
         ga_job j;
         int home;
@@ -126,8 +131,9 @@ static int ensure_workers(int want) {
         int id = P.nworkers + 1, rc;
         pthread_attr_init(&attr);
         pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-        /* under mu: the new worker reads P.gen before any job can be published */
+        /* under mu: the generation the new worker starts from is recorded before any job is published */
         pthread_mutex_lock(&P.mu);
+        P.spawn_gen[id - 1] = P.gen;
         rc = pthread_create(&P.threads[id - 1], &attr, worker_main, (void *)(intptr_t)id);
         pthread_mutex_unlock(&P.mu);
         pthread_attr_destroy(&attr);
