@@ -57,6 +57,7 @@ class Target:
     d2h: torch.Tensor | None  # a host bucket's device source of the copy to `landing`
     slot: int | None  # the staging slot, or None
     d2h_bytes: int = 0
+    land: torch.Tensor | None = None  # the part of `landing` the D2H writes
 
 
 class Launcher:
@@ -195,7 +196,8 @@ class Launcher:
             # sharded, the whole shard (its pads are zeros); else the elements, not the pads
             d2h = shard if comm.sharded else shard[: lay.numel]
         nbytes = d2h.numel() * d2h.element_size() if d2h is not None else 0
-        return Target(flat, views, dst, whole_src, shard, norm_views, d2h, slot, nbytes)
+        land = b.host.landing[: d2h.numel()] if d2h is not None else None
+        return Target(flat, views, dst, whole_src, shard, norm_views, d2h, slot, nbytes, land)
 
     def _lies_end_to_end(self, s: ParamSlot) -> bool:
         """A split parameter whose pieces are all in tail buckets that reduce in place, each piece right
@@ -322,9 +324,10 @@ class Launcher:
             ev = self.grads_copied[t.slot]
             dev.record(ev, self.compute, "launch: side stream waits for the gradients")
             dev.wait_event(side, ev, "launch: side stream waits for the gradients")
-        with dev.stream(side):
-            # one rank: the copy wrote the shard itself (a separate output exists only when sharded)
-            work = self.ctx.comm.reduce_scatter(t.shard, t.flat) if self.comm_active else None
+        work = None
+        if self.comm_active:  # one rank: the copy wrote the shard itself (a separate output only when sharded)
+            with dev.stream(side):
+                work = self.ctx.comm.reduce_scatter(t.shard, t.flat)
         f = InFlight(b, work, t, t.slot, prev)
         if work is not None and dev.host_waits_for_collectives:
             self.in_flight.append(f)
@@ -347,35 +350,41 @@ class Launcher:
         return time.perf_counter() - t0
 
     def _complete(self, f: InFlight) -> None:
-        """A launch from the reduced shard on: the norm, the copy to the host, the speculative step."""
-        dev, b, t = self.dev, f.bucket, f.target
-        on_side = t.slot is not None or self.comm_active
-        stream = self.side if on_side else self.compute
-        with dev.stream(stream):
-            if f.work is not None:
-                self.ctx.comm.wait(f.work)
-            if b.tail is not None and t.shard is not b.tail["grad"]:
-                b.tail["grad"].copy_(t.shard)  # reduced in the training precision; the tail steps in fp32
-            if f.prev is not None:
-                (b.tail["grad"] if b.tail is not None else t.shard).add_(f.prev)
-                dev.hold_for(f.prev, (stream,))  # freed when this returns: not reused before the add ran
-            self.norms.compute(dev.kernels, b.layout.index, t.norm_views)
-            if b.host is not None:
-                if t.d2h is not None:
-                    b.host.landing[: t.d2h.numel()].copy_(t.d2h, non_blocking=True)
-                    self.d2h_bytes += t.d2h_bytes
-                    self.d2h_copies += 1
-                dev.record(b.d2h_event, stream, "launch: gradient landed")
-            if t.slot is not None:
-                dev.record(self.ring.free_event[t.slot], stream, "launch: staging slot read")
-            if on_side:
-                dev.record(self.side_done, stream, "validate: compute waits for the bucket norms")
-                self.side_used = True
+        """A launch from the reduced shard on: the norm, the copy to the host, the speculative step. On the
+        side stream, or, where nothing was reduced (a tail bucket on one rank), on the compute stream
+        with no stream switch."""
+        b = f.bucket
+        if f.target.slot is not None or self.comm_active:
+            with self.dev.stream(self.side):
+                self._reduced(f, self.side)
+            self.dev.record(self.side_done, self.side, "validate: compute waits for the bucket norms")
+            self.side_used = True
+        else:
+            self._reduced(f, self.compute)
         if b.host is not None and self.step_state.speculating:
             scale, hps = self.spec_inputs()  # the clip factor assumed 1
             b.spec = Speculation(queued=True, scale=scale, hps=hps)
             steps = b.steps_snapshot(self.steps)
             b.submit(lambda: b.speculate(scale, hps, steps), "speculate")
+
+    def _reduced(self, f: InFlight, stream: Any) -> None:
+        dev, b, t = self.dev, f.bucket, f.target
+        if f.work is not None:
+            self.ctx.comm.wait(f.work)
+        if b.tail is not None and t.shard is not b.tail["grad"]:
+            b.tail["grad"].copy_(t.shard)  # reduced in the training precision; the tail steps in fp32
+        if f.prev is not None:
+            (b.tail["grad"] if b.tail is not None else t.shard).add_(f.prev)
+            dev.hold_for(f.prev, (stream,))  # freed when this returns: not reused before the add ran
+        self.norms.compute(dev.kernels, b.layout.index, t.norm_views)
+        if b.host is not None:
+            if t.d2h is not None:
+                t.land.copy_(t.d2h, non_blocking=True)
+                self.d2h_bytes += t.d2h_bytes
+                self.d2h_copies += 1
+            dev.record(b.d2h_event, stream, "launch: gradient landed")
+        if t.slot is not None:
+            dev.record(self.ring.free_event[t.slot], stream, "launch: staging slot read")
 
     def _carried_shard(self, b: Bucket, t: Target, resent: list[ParamSlot]) -> torch.Tensor:
         """A copy of the bucket's reduced shard from its earlier launch this step, on the stream the launch

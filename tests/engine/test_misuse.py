@@ -448,7 +448,13 @@ def test_tail_buckets_honour_bias_correction_off(device):
     train(a, 3)
     train(b, 3)
     assert b.stats["buckets_device"] == 3
-    assert_same(a, b)
+    if device == "host":  # the host device steps its tail with GraceAdam, as its host buckets: the same bits
+        assert_same(a, b)
+        return
+    # the simulated device steps its tail with the CUDA kernels (torch's arithmetic: within ulps of GraceAdam,
+    # while a bias-corrected step would move the weights by a factor ~3 more at step 1)
+    for (n, pa), pb in zip(a.model.named_parameters(), b.model.parameters(), strict=True):
+        torch.testing.assert_close(pa, pb, rtol=1e-5, atol=1e-7, msg=n)
 
 
 def test_lr_and_grad_norm_are_available_from_the_start():
