@@ -202,7 +202,7 @@ class Bucket:
             finally:
                 self.release()
 
-        self.ctx.worker.submit(run, f"bucket {self.index}: {label}")
+        self.ctx.worker.submit(run, f"bucket {self.layout.index}: {label}")
 
     def mark_present(self, keep: bool = False) -> list[int]:
         """The slots whose parameter holds a gradient now (returned, slot positions); `keep`: those that

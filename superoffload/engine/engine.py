@@ -587,13 +587,14 @@ class SuperOffloadEngine(DeepSpeedNames):
         buckets = self._module_waits.get(module)
         if not buckets or torch._C._current_graph_task_id() != -1:
             return  # nothing to wait for, or a checkpoint's recompute inside backward (waited for before)
-        dev = self.backend
+        ctx = self.ctx  # attributes, not the engine's properties: this runs once per module per forward
+        dev = ctx.device
         cur = dev.current_stream()
         for b in buckets:
             if dev.enabled("forward: waits for the upload count") and not b.uploaded.is_set():
-                self.worker.wait_event(b.uploaded)
+                ctx.worker.wait_event(b.uploaded)
             if b.gather is not None:
-                self.comm.wait(b.gather)
+                ctx.comm.wait(b.gather)
                 b.gather = None
             dev.wait_event(cur, b.upload_event, "forward: waits for its buckets' weights")
 
