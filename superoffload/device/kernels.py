@@ -1,9 +1,10 @@
 """The device-side kernels the engine needs, in two flavours chosen by where the device's memory is.
 
-- `grad_norm(flat, out)`: the L2 norm of a flat gradient in fp32 (one reduction: `linalg.vector_norm`
-  with an fp32 accumulator, whatever the gradient's dtype), written to a 0-dim fp32 device tensor. A
-  non-finite element makes it non-finite. The step squares and sums the per-bucket norms in fp64 once
-  (`engine/norms.py`), so the launch issues one kernel per bucket whatever its size.
+- `grad_norm(flat, out)`: the L2 norm of a flat gradient accumulated in fp64 (one reduction:
+  `linalg.vector_norm` with an fp64 accumulator, the gradient cast element by element as it is read, no
+  fp64 copy), written to a 0-dim fp64 device tensor. A non-finite element makes it non-finite. The step
+  squares and sums the per-bucket norms once (`engine/norms.py`), so the launch issues one kernel per
+  bucket whatever its size.
 - `adam_steps(...)`: one Adam(W) step on lists of flat fp32 tensors sharing hyperparameters and a step
   count (the device tail buckets), in one fused call: on a GPU a call per bucket is Python and launch
   time the device waits on.
@@ -66,7 +67,7 @@ class TorchKernels:
 
     @staticmethod
     def grad_norm(flat: torch.Tensor, out: torch.Tensor) -> None:
-        torch.linalg.vector_norm(flat, dtype=torch.float32, out=out)
+        torch.linalg.vector_norm(flat, dtype=torch.float64, out=out)
 
     @staticmethod
     def adam_step(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, *,

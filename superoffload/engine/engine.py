@@ -3,11 +3,11 @@
 Per optimizer step (docs/engine.md has the full account):
 1. gradient ready: a post-accumulate-grad hook per parameter; buckets launch in bucket order as they
    complete (launch.py: one foreach copy into a flat buffer on the compute stream, then on a side stream
-   the reduce-scatter across ranks, one fp32 norm per bucket and, for a host bucket, one D2H copy);
+   the reduce-scatter across ranks, one norm per bucket (fp64-accumulated) and, for a host bucket, one D2H copy);
 2. speculative host step: the worker waits for the D2H and steps the shard before the global norm is
    known, writing only buffers the model does not read (bucket.py);
 3. device tail buckets keep their gradient shard, master and Adam state on the device (tail.py);
-4. validation in `step()` (validate.py): the per-bucket norms squared and summed in fp64, one all-reduce,
+4. validation in `step()` (validate.py): the per-bucket norms' squares summed in fp64, one all-reduce,
    the step's one host synchronization, then the same decision on every rank for every bucket: commit,
    redo with the clip factor, or nothing (a skipped step);
 5. parameter return: each host bucket's finalize task publishes its weights (H2D into the flat device

@@ -1,15 +1,16 @@
 """Each bucket's gradient norm, and the step's Σ norm² from them.
 
-At launch a bucket costs one reduction per norm part: `kernels.grad_norm`, the fp32 L2 norm of the
-reduced gradient (pads excluded), written into this step's per-bucket fp32 vector. Once per step the
-vector is squared and summed in fp64 (`sum_sq`: a cast and a dot). A non-finite gradient element makes
-its bucket's norm non-finite and so the sum: squares of finite fp32 norms cannot overflow fp64, so
-"the sum is finite" is the step's finite flag, with no count to reduce.
+At launch a bucket costs one reduction per norm part: `kernels.grad_norm`, the L2 norm of the reduced
+gradient (pads excluded) accumulated in fp64, written into this step's per-bucket fp64 vector. Once per
+step the vector's squares are summed (`sum_sq`: one dot). A non-finite gradient element makes its
+bucket's norm non-finite and so the sum: squares of finite fp32/bf16/fp16 values cannot overflow fp64,
+so "the sum is finite" is the step's finite flag, with no count to reduce.
 
-Against `torch.nn.utils.clip_grad_norm_` (per-tensor norms in the gradient's dtype, then the norm of
-their vector): the per-bucket norms here are fp32 over a bucket's flat gradient, their squares summed in
-fp64, so the global norm can differ from torch's in the last bits (docs/engine.md, "The gradient norm").
-Speculation and validate-first read the same vector, so they agree bit for bit.
+fp64 accumulation keeps the global norm within an fp64 rounding of exact whatever the bucket layout, so
+bucket size, tail buckets, weight flow and a resume give the same clip factor (the engine's policies stay
+bit-identical under clipping). Against `torch.nn.utils.clip_grad_norm_` (per-tensor norms in the
+gradient's dtype, then the norm of their vector) the engine's norm is the more exact one and can differ in
+the last bits (docs/engine.md, "The gradient norm"). Speculation and validate-first read the same vector.
 
 Sharded, a rank computes its own shard's norm per bucket; the step's total is its sum over buckets on
 each rank, then over ranks (one fp64 all-reduce). Replicated (engine config `replicate`), every rank
@@ -32,7 +33,7 @@ class BucketNorms:
         """`parts`: shards per bucket whose norms this rank computes (1 when sharded or on one rank)."""
         self.parts, self.buckets = parts, buckets
         # bucket-major: a bucket's parts are adjacent
-        self.values = device.zeros(buckets * parts, torch.float32, "staging")
+        self.values = device.zeros(buckets * parts, torch.float64, "staging")
         # the 0-dim output of each norm, made once (a view per launch would be Python work per bucket)
         self.slot = list(self.values.unbind())
 
@@ -54,14 +55,13 @@ class BucketNorms:
             kernels.grad_norm(v, self.slot[at + r])
 
     def sum_sq(self) -> torch.Tensor:
-        """[Σ norms²] in fp64 over this rank's parts (1 element; not finite when a gradient is not);
+        """[Σ norms²] (fp64) over this rank's parts (1 element; not finite when a gradient is not);
         summing it over the ranks is still to do when sharded."""
         if self.parts == 1:
-            v = self.values.to(torch.float64)
-            return torch.dot(v, v).reshape(1)
+            return torch.dot(self.values, self.values).reshape(1)
         total = None
         for r in range(self.parts):  # each rank's vector contiguous: the same reduction a rank's own gets
-            v = self.values.view(self.buckets, self.parts)[:, r].to(torch.float64)
+            v = self.values.view(self.buckets, self.parts)[:, r].contiguous()
             s = torch.dot(v, v)
             total = s if total is None else total + s
         return total.reshape(1)

@@ -176,7 +176,7 @@ class MemoryEstimate:
 # The SuperOffload engine's memory, allocation by allocation (what its ledger measures)
 # ---------------------------------------------------------------------------------------------------
 HOST_ALIGN = 64  # bytes: every carved host buffer starts on a cache line (engine/buffers.py)
-NORM_BYTES = 4  # the fp32 norm of each bucket (device; engine/norms.py)
+NORM_BYTES = 8  # the fp64 norm of each bucket (device; engine/norms.py)
 PINNED_KEYS = frozenset({"landing", "upload", "flow_stores"})
 
 

@@ -129,7 +129,7 @@ def test_sim_resume_is_bit_exact_and_crosses_backends(cuda_kernels_on_host):
 
 
 def test_sim_runs_the_cuda_kernels_and_speculation_is_exact():
-    """The simulated device runs the CUDA backend's kernels (one fp32 norm per bucket, torch's fused Adam
+    """The simulated device runs the CUDA backend's kernels (one fp64-accumulated norm per bucket, torch's fused Adam
     with device step and scale tensors): speculation still equals validate-first bit for bit, and no
     synchronizing call is made on the hot path (a blocking copy of the step count, as before, would be)."""
     data = batches(seq=SEQ, batch=1)
@@ -356,7 +356,7 @@ def test_device_memory_holds_no_gradient_buffer_per_host_bucket():
             assert all(s.param.grad is None for s in engine.slots)
         engine.step()
     largest = max(b.layout.padded for b in engine.buckets)
-    assert held["staging"] == 2 * 4 * largest + 4 * len(engine.buckets)  # ring of fp32 slots + the fp32 norms
+    assert held["staging"] == 2 * 4 * largest + 8 * len(engine.buckets)  # ring of fp32 slots + the fp64 norms
     n = sum(b.layout.padded for b in engine.buckets)
     assert held["weights"] == 2 * n  # bf16 weights, nothing else per parameter
     engine.close()
