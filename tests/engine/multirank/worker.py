@@ -279,10 +279,11 @@ def scenario_raise(a, rank: int, world: int) -> dict:
         engine.model.blocks[2].mlp.fc2.weight.register_post_accumulate_grad_hook(boom)
     try:
         train(engine, state, rank, world, 6)
-    except RuntimeError:
+    except RuntimeError as e:
         if rank == 1 and a.hang:
             import time
 
+            print(f"{e}: staying alive without taking part", flush=True)  # the test reads it in this rank's log
             time.sleep(600)  # alive, silent: the other ranks' collectives must time out
         raise
     return {}
