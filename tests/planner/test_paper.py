@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
+import pytest
+
+from superoffload.planner import paper
+from superoffload.planner.hardware import HardwareProfile
 from superoffload.planner.paper import format_table, paper_comparison
 
 
-def test_paper_comparison_rows() -> None:
-    rows = paper_comparison()
+def _check_rows(rows: list[dict[str, Any]]) -> None:
     keys = {"figure", "point", "metric", "predicted", "paper", "paper_status", "rel_error"}
     assert rows and all(keys <= set(r) for r in rows)
     assert {r["paper_status"] for r in rows} <= {"V", "S", "missing"}
@@ -17,5 +21,26 @@ def test_paper_comparison_rows() -> None:
     for r in compared:
         assert math.isfinite(r["rel_error"])
     figures = {r["figure"] for r in rows}
-    assert {"fig10", "fig13", "ablation"} <= figures
+    assert {"fig10", "fig11", "fig12", "fig13", "ablation"} <= figures
     assert "| figure |" in format_table(rows)
+
+
+def test_paper_comparison_rows(monkeypatch, gh200_multi_chip_rows) -> None:
+    """The multi-chip rows are the session's (conftest.py; their own test is in test_planner_chips.py), computed
+    once for both tests; the rest of the comparison is computed here. The slow twin computes it all."""
+    asked: list[str] = []
+
+    def multi_chip_rows(hw: HardwareProfile) -> list[dict[str, Any]]:
+        asked.append(hw.name)
+        return gh200_multi_chip_rows
+
+    monkeypatch.setattr(paper, "multi_chip_rows", multi_chip_rows)
+    rows = paper_comparison()
+    assert asked == ["gh200"]
+    assert all(any(r is m for r in rows) for m in gh200_multi_chip_rows)  # every multi-chip row is in the table
+    _check_rows(rows)
+
+
+@pytest.mark.slow
+def test_paper_comparison_rows_computed_whole() -> None:
+    _check_rows(paper_comparison())

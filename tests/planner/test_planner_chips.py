@@ -165,10 +165,11 @@ def test_harness_plan_on_the_cpu_preset_for_two_ranks() -> None:
     assert NET_STAGES & set(plan.predicted.stage_s)
 
 
-def test_paper_multi_chip_rows() -> None:
-    from superoffload.planner.paper import largest_model, multi_chip_rows
+def test_paper_multi_chip_rows(gh200_multi_chip_rows) -> None:
+    """multi_chip_rows(GH), computed once per session (conftest.py: test_paper.py reads them too)."""
+    from superoffload.planner.paper import largest_model
 
-    rows = multi_chip_rows(GH)
+    rows = gh200_multi_chip_rows
     fig11 = [r for r in rows if r["figure"] == "fig11"]
     assert {r["chips"] for r in fig11} == {4, 16}
     claims = [r for r in fig11 if r["paper"] is not None]
