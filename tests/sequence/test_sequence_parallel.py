@@ -56,8 +56,11 @@ def test_models_sp2_match_sp1(sp2) -> None:
     _check_models(sp2, 2)
 
 
+@pytest.mark.slow
 def test_sp4(tmp_path) -> None:
-    """About 9 s on a 2-core machine (4 ranks), so not marked slow."""
+    """Four ranks on two cores: the longest test of this folder (39 s beside other jobs, the two-rank launch 17 s),
+    so the slow variant of the SP=2 tests, which run the same scenarios, head layouts (a KV head repeated for
+    two ranks among them) and refusals at two ranks."""
     results = run_ranks(4, list(SCENARIOS), tmp_path)
     _check_attention(results, 4)
     _check_models(results, 4)
