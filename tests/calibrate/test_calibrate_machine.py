@@ -15,7 +15,9 @@ def test_calibrate_quick_on_this_machine(tmp_path) -> None:
     t0 = time.perf_counter()
     out = tmp_path / "prof.json"
     prof = calibrate_mod.calibrate(out, quick=True)
-    assert time.perf_counter() - t0 < 30
+    # about 12 s on two quiet cores, 29 s beside other jobs: the bound is 7x the quiet time, so a busy machine
+    # does not fail it and a hang or a --quick grown several times slower does
+    assert time.perf_counter() - t0 < 90
     assert out.exists()
     assert prof.device_matmul_flops > 0 and prof.device_peak_flops > 0
     assert all(g > 0 for g in prof.d2h_pinned.gbps + prof.h2d_pinned.gbps)
