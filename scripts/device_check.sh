@@ -96,10 +96,11 @@ elif [ "$MODE" = 1 ]; then
 else
   DEV=host SODEV=sim INIT=host PREC=bf16 NSTEPS=5 NWARM=2 THREADS=(--threads 1)
   POINTS=("fits gpt-tiny 64 2" "probe gpt-100b 1024 8")
-  SWEEP=("0 torch 20" "0 superoffload 25" "1 torch 10")
-  TOTAL_S=100 SECTIONS=("setup 15" "sweep 45" "counters 15" "calibrate 5" "cuda 0" "report 20")
+  # caps are limits, not durations: quiet, this mode takes about a minute; they leave room for a busy machine
+  SWEEP=("0 torch 50" "0 superoffload 60" "1 torch 10")
+  TOTAL_S=240 SECTIONS=("setup 25" "sweep 120" "counters 40" "calibrate 5" "cuda 0" "report 50")
   ADAM=() CAL=()
-  LAUNCH=(--device sim --model gpt-tiny --seq 32 --batch 1 --precision bf16) LAUNCH_CAP=24
+  LAUNCH=(--device sim --model gpt-tiny --seq 32 --batch 1 --precision bf16) LAUNCH_CAP=36
 fi
 printf '%s\n' "${POINTS[@]}" >"$WORK/points.tsv"
 for r in "${SWEEP[@]}"; do set -- $r; p=(${POINTS[$1]}); echo "${p[1]} ${p[2]} ${p[3]} $2"; done >"$WORK/planned.tsv"

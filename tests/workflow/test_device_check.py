@@ -35,7 +35,7 @@ REFUSAL = ("superoffload bench run: error: torch on gpt-5b (seq 1024, batch 8) n
            "GiB is available; choose a smaller model, micro-batch or sequence\n")
 
 
-def _run(out: Path, mode: str = "short", timeout: float = 300, wheels: Path | None = None,
+def _run(out: Path, mode: str = "short", timeout: float = 420, wheels: Path | None = None,
          site: Path | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "REHEARSE": mode, "OUT": str(out), "PY": sys.executable,
            "WHEELS": str(wheels or out / "none"), "DEVICE_CHECK_SITE": str(site or out / "site")}
@@ -135,7 +135,7 @@ def test_the_summary_and_comparison_put_the_systems_side_by_side(short) -> None:
     assert cmp["goals"][0]["gh200_ratio"] == fits["gh200"]["torch"]["ratio"] and cmp["commit"]
     steps = {s["name"]: s for s in cmp["steps"]}
     assert steps["identity"]["status"] == "ok" and steps["gh200_points"]["status"] == "ok"
-    assert steps["total"]["used_s"] <= 100 + 30
+    assert steps["total"]["used_s"] <= 240 + 30  # the short mode's budget (TOTAL_S) and the report after it
     launch = steps["launch_costs"]["status"]
     assert launch == ("ok" if (ROOT / "benchmarks" / "launch_costs.py").is_file() else "not run: absent")
     summary = (out / "summary.txt").read_text()
