@@ -291,7 +291,10 @@ def test_an_exception_on_one_rank_ends_the_job(tmp_path, hang):
                               timeout=60, pg_timeout_s=10, wait_for=(0,))
     log0, log1 = ((tmp_path / f"rank{r}.log").read_text() for r in (0, 1))
     assert codes[0] not in (0, None), f"rank 0 did not fail by itself (exit {codes[0]}):\n{log0[-2000:]}"
-    assert ("imed out" in log0 or "Timeout" in log0) if hang else "Connection closed by peer" in log0, log0[-2000:]
+    # gloo words a timeout several ways ("Timed out waiting", "Application timeout caused pair closure" on a
+    # loaded machine, where the wait ends in the socket layer)
+    said = log0.lower()
+    assert ("timed out" in said or "timeout" in said) if hang else "connection closed by peer" in said, log0[-2000:]
     assert "injected failure on rank 1" in log1, log1[-2000:]
     if hang:  # rank 1 was still alive (asleep) when rank 0 ended: its collective's timeout ended it
         assert codes[1] is None, f"rank 1 ended by itself (exit {codes[1]}):\n{log1[-2000:]}"
