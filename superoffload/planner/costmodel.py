@@ -392,7 +392,7 @@ class _Builder:
                    else {NET: HOST} if hw.device_is_host else None)
         self.graph = Graph(aliases)
         # a device that is the host: the training thread leaves each bucket's gradient reduce-scatter in flight
-        # (engine/engine.py `_launch`; a wait would block the thread, where on CUDA it is a stream wait) and
+        # (engine/launch.py `Launcher.launch`; a wait would block the thread, where on CUDA it is a stream wait) and
         # waits only when a launch reuses the staging slot a reduction still reads (`staging_buffers` slots,
         # round robin) and once at the end of backward for them all; on two gloo ranks a reduce-scatter is an
         # all-reduce of the bucket (engine/comm.py)

@@ -96,7 +96,7 @@ def system_step_overhead_s(system: str, shape: ModelShape, hw: HardwareProfile, 
 
 def engine_launch_overhead_s(hw: HardwareProfile, params: float, buckets: int) -> float:
     """The SuperOffload engine's machinery of `buckets` buckets holding `params` parameters at their launch, in
-    backward: calibrate's per-bucket and per-parameter terms. The launch (engine/engine.py `_launch`, from a
+    backward: calibrate's per-bucket and per-parameter terms. The launch (engine/launch.py `Launcher.launch`, from a
     gradient hook on the training thread) flattens the bucket's gradients, computes its norm and hands it on,
     once per bucket and per parameter; the step after validation does not touch every parameter again on that
     thread. Charging them after validation let them overlap the host step, which they do not."""
