@@ -661,8 +661,8 @@ class _Builder:
         at_publish = [p for p in self._pending if spec.upload_slots and not p["device"]
                       and not self.groups[p["j"]].first_forward and not spec.host_waits_backward]
         # validating first, the engine submits the buckets' steps after validation in the order the next forward
-        # needs them, the last-arriving (first layers) first (engine/validate.py `Validator.validate_and_apply`): the worker
-        # queue is FIFO, so the graph adds them in that order; speculative passes go in arrival order
+        # needs them, the last-arriving (first layers) first (engine/validate.py `Validator.validate_and_apply`):
+        # the worker queue is FIFO, so the graph adds them in that order; speculative passes go in arrival order
         pending = list(reversed(self._pending)) if spec.host_waits_backward else self._pending
         for p in pending:
             if any(p is q for q in at_publish):
