@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
+from unittest import mock
 
 import torch
 
@@ -13,6 +16,28 @@ from superoffload.models import build_model, get_shape
 
 DT = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 OPT = {"lr": 2e-3, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}
+
+
+@contextlib.contextmanager
+def device_kernels_on_host() -> Iterator[None]:
+    """The host device with the device kernels the simulated device runs (the CUDA backend's): the tail
+    buckets' Adam is torch's fused kernel on both, so a host run and a simulated-device run differ only in
+    the path a bucket takes (streams, events, copies across the link) and must agree bit for bit. (Left
+    alone, the host device steps its tail with GraceAdam, bit-identical to its host buckets, a few ulps from
+    torch's fused kernel: tests/engine/test_engine.py.)"""
+    import superoffload.engine.engine as engine_mod
+    from superoffload.device.kernels import TorchKernels
+
+    real = engine_mod.get_device
+
+    def get_device(kind, budget=None):
+        dev = real(kind, budget)
+        if dev.kind == "host":
+            dev.kernels = TorchKernels()
+        return dev
+
+    with mock.patch.object(engine_mod, "get_device", get_device):
+        yield
 
 
 def make_model(name: str = "gpt-tiny", seq: int = 32, seed: int = 0) -> torch.nn.Module:

@@ -21,7 +21,15 @@ import superoffload
 from superoffload.device import HazardError, SyncOnHotPathError
 from superoffload.engine import HostWorkerError
 from superoffload.harness.models import build_model, get_shape
-from tests.engine.helpers import OPT, assert_state_equal, batches, bits, make_schedule, train_engine
+from tests.engine.helpers import (
+    OPT,
+    assert_state_equal,
+    batches,
+    bits,
+    device_kernels_on_host,
+    make_schedule,
+    train_engine,
+)
 from tests.engine.helpers import run_losses as run
 
 SEQ = 16
@@ -49,23 +57,10 @@ def assert_same_run(a, la, b, lb) -> None:
 
 
 @pytest.fixture
-def cuda_kernels_on_host(monkeypatch):
-    """The host device with the device kernels the simulated device runs (the CUDA backend's): the tail
-    buckets' Adam is torch's fused kernel on both, so the two runs differ only in the path a bucket takes
-    (streams, events, copies across the link) and must agree bit for bit. (Left alone, the host device
-    steps its tail with GraceAdam, bit-identical to its host buckets: tests/engine/test_engine.py.)"""
-    import superoffload.engine.engine as engine_mod
-    from superoffload.device.kernels import TorchKernels
-
-    real = engine_mod.get_device
-
-    def get_device(kind, budget=None):
-        dev = real(kind, budget)
-        if dev.kind == "host":
-            dev.kernels = TorchKernels()
-        return dev
-
-    monkeypatch.setattr(engine_mod, "get_device", get_device)
+def cuda_kernels_on_host():
+    """See `device_kernels_on_host`: the two runs differ only in the path a bucket takes."""
+    with device_kernels_on_host():
+        yield
 
 
 # (model, extra config, grad accumulation, activation checkpointing)
