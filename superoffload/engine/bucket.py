@@ -49,6 +49,7 @@ class HyperParams:
     beta2: float
     eps: float
     weight_decay: float
+    amsgrad: bool = False  # the group steps with max_exp_avg_sq (the engine holds those buffers)
 
 
 class Finalize(enum.Enum):
@@ -299,14 +300,18 @@ class Bucket:
             for start, end, members in runs(self.slots, key, lo, hi):
                 hp = hps[members[0].group]
                 sl = slice(start - lo, end - lo)
+                # a group without amsgrad leaves its part of max_exp_avg_sq (held for every parameter
+                # when any group has amsgrad) untouched, as torch's AdamW never creates it there
+                vmax = h.max_exp_avg_sq[sl] if hp.amsgrad and h.max_exp_avg_sq is not None else None
                 host_adam.adam_step(
                     ctx.host_optimizer, h.master[sl], h.landing[sl], h.exp_avg[sl], h.exp_avg_sq[sl],
                     step=steps[members[0].index] + 1, lr=hp.lr, beta1=hp.beta1, beta2=hp.beta2, eps=hp.eps,
                     weight_decay=hp.weight_decay, adamw=o.adamw, bias_correction=o.bias_correction,
-                    grad_scale=scale, max_exp_avg_sq=None if h.max_exp_avg_sq is None else h.max_exp_avg_sq[sl],
+                    grad_scale=scale, max_exp_avg_sq=vmax,
                     commit=commit, param_out=out[sl] if out is not None and not lowp else None,
                     lowp_out=out[sl] if lowp else None,
-                    state_out=[t[sl] for t in h.spare] if out_of_place else None, threads=ctx.host_threads)
+                    state_out=[t[sl] for t in h.spare[:3 if vmax is None else 4]] if out_of_place else None,
+                    threads=ctx.host_threads)
 
     # --- host tasks (run on the worker thread) -----------------------------------------------------
     def _direct_target(self) -> torch.Tensor | None:

@@ -51,7 +51,8 @@ class TailStep:
         for group, step, parts in self._calls(steps, every_param):
             hp = hps[group]
             dev.kernels.adam_steps(
-                parts["master"], parts["grad"], parts["exp_avg"], parts["exp_avg_sq"], parts.get("max_exp_avg_sq"),
+                parts["master"], parts["grad"], parts["exp_avg"], parts["exp_avg_sq"],
+                parts.get("max_exp_avg_sq") if hp.amsgrad else None,
                 step=step + 1, lr=hp.lr, beta1=hp.beta1, beta2=hp.beta2, eps=hp.eps, weight_decay=hp.weight_decay,
                 adamw=o.adamw, bias_correction=o.bias_correction, grad_scale=scale)
         with torch.no_grad():

@@ -265,13 +265,14 @@ def settings_of(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         raise ConfigError(f"optimizer={name}: SuperOffload trains with Adam(W); pass torch.optim.Adam / AdamW, "
                           f"DeepSpeedCPUAdam or FusedAdam (their settings are taken), or none and give them in the "
                           f"config's optimizer block")
-    amsgrad = {bool(g.get("amsgrad", False)) for g in optimizer.param_groups}
+    # amsgrad is per group (the engine holds max_exp_avg_sq when any group has it); bias correction is not
+    amsgrad = any(g.get("amsgrad", False) for g in optimizer.param_groups)
     bias = {bool(g.get("bias_correction", True)) for g in optimizer.param_groups}
-    if len(amsgrad) > 1 or len(bias) > 1:
-        raise ConfigError(f"optimizer={name}: amsgrad and bias_correction must be the same in every param group")
+    if len(bias) > 1:
+        raise ConfigError(f"optimizer={name}: bias_correction must be the same in every param group")
     g0 = optimizer.param_groups[0]
     return {"lr": float(g0["lr"]), "betas": [float(b) for b in g0["betas"]], "eps": float(g0["eps"]),
-            "weight_decay": float(g0.get("weight_decay", 0.0)), "adamw": adamw, "amsgrad": amsgrad.pop(),
+            "weight_decay": float(g0.get("weight_decay", 0.0)), "adamw": adamw, "amsgrad": amsgrad,
             "bias_correction": bias.pop()}
 
 

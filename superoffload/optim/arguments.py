@@ -5,8 +5,10 @@ that catches torch's errors catches these. Beyond torch's, what the engine canno
 here, before any work, with the reason:
 - `capturable=True`: CUDA-graph capture of the step; the step runs on the host, outside any graph;
 - `differentiable=True`: a step autograd can differentiate through; the host step is outside autograd;
-- `amsgrad` differing between groups: the engine lays out one host state for all (the
-  `max_exp_avg_sq` buffers exist for every parameter or for none);
+- `amsgrad` turned on in a group after construction when no group had it then: the engine lays out its
+  host state at construction, with `max_exp_avg_sq` buffers for every parameter when any group has
+  amsgrad (a group without it leaves them untouched and its state has no `max_exp_avg_sq`, as in torch)
+  and for none otherwise;
 - a parameter listed twice in a group: torch warns and then steps it twice per `step()` (its shared
   state counts two steps); here it is an error (docs/integrations.md says why).
 `foreach` and `fused` are accepted with any value and kept in the groups: in torch they choose among
@@ -80,22 +82,19 @@ def check_flags(fused: Any, foreach: Any, differentiable: Any) -> None:
 
 
 def check_groups(groups: list[dict[str, Any]], engine_amsgrad: bool | None = None) -> bool:
-    """The groups' options the engine cannot honour, refused; returns the amsgrad setting they share.
-    `engine_amsgrad`: the engine's, once built (a group changed or loaded later must agree with it)."""
+    """The groups' options the engine cannot honour, refused; returns whether any group has amsgrad (the
+    engine then holds max_exp_avg_sq buffers). `engine_amsgrad`: whether the built engine holds them (a
+    group changed or loaded later cannot need them when it does not)."""
     for gi, g in enumerate(groups):
         for key, why in REFUSED_WHEN_TRUE.items():
             if g.get(key):
                 raise ValueError(f"superoffload.AdamW: {key}=True (param group {gi}) is not supported: {why}")
-    flags = {bool(g.get("amsgrad", False)) for g in groups}
-    if len(flags) > 1:
-        raise ValueError("superoffload.AdamW: amsgrad is True in some param groups and False in others; the engine "
-                         "keeps one host state layout for all parameters: set the same amsgrad in every group")
-    amsgrad = flags.pop() if flags else False
-    if engine_amsgrad is not None and amsgrad != engine_amsgrad:
-        raise ValueError(f"superoffload.AdamW: the param groups now say amsgrad={amsgrad}, but the optimizer was built "
-                         f"with amsgrad={engine_amsgrad} (the engine's host state, with or without max_exp_avg_sq, is "
-                         f"laid out at construction): build the optimizer with amsgrad={amsgrad}")
-    return amsgrad
+    wanted = [gi for gi, g in enumerate(groups) if g.get("amsgrad", False)]
+    if engine_amsgrad is False and wanted:
+        raise ValueError(f"superoffload.AdamW: param group {wanted[0]} now says amsgrad=True, but no group had it "
+                         f"when the optimizer was built, so the engine holds no max_exp_avg_sq (its host state is "
+                         f"laid out at construction): build the optimizer with amsgrad=True in that group")
+    return bool(wanted)
 
 
 def check_no_duplicates(groups: list[dict[str, Any]]) -> None:

@@ -56,9 +56,17 @@ class Snapshot:
         return any(t._version != v for t, v in self.versions)
 
 
+def moments_of(engine: SuperOffloadEngine, groups: list[dict[str, Any]]) -> list[tuple[str, ...]]:
+    """Per param group, the moments torch's AdamW keeps for its parameters: max_exp_avg_sq only where the
+    group has amsgrad (the engine holds it for every parameter when any group had amsgrad at construction)."""
+    held = engine.config.optimizer.amsgrad
+    return [MOMENTS if held and g.get("amsgrad", True) else MOMENTS[:2] for g in groups]
+
+
 def take_snapshot(engine: SuperOffloadEngine) -> Snapshot:
     sd = dict(engine.state_dict())  # synchronizes with the host worker first
     sd.pop("param_groups", None)
+    moments = moments_of(engine, engine.optimizer.param_groups)
     by_param: dict[torch.Tensor, dict[str, Any]] = {}
     for s in engine.slots:
         entry = sd["params"][s.name]
@@ -66,7 +74,7 @@ def take_snapshot(engine: SuperOffloadEngine) -> Snapshot:
             continue  # never stepped: no state, as in torch
         whole = sum(b - a for a, b in entry["ranges"]) == s.numel
         st: dict[str, Any] = {"step": torch.tensor(float(entry["step"]), dtype=scalar_dtype())}
-        st.update({k: entry[k].view(s.shape) if whole else entry[k] for k in MOMENTS if k in entry})
+        st.update({k: entry[k].view(s.shape) if whole else entry[k] for k in moments[s.group] if k in entry})
         by_param[s.param] = st
     return Snapshot(sd, by_param, [(t, t._version) for st in by_param.values() for t in st.values()])
 
@@ -147,9 +155,10 @@ class TorchState(MutableMapping):
 
 
 # --- loading --------------------------------------------------------------------------------------
-def _torch_values(entry: dict[str, Any], st: dict[str, Any] | None, name: str) -> None:
+def _torch_values(entry: dict[str, Any], st: dict[str, Any] | None, name: str, amsgrad: bool) -> None:
     """The moments and step count of torch's entry `st` for one parameter into the engine entry (in place);
-    no entry: the parameter starts afresh, as in torch."""
+    no entry: the parameter starts afresh, as in torch. `amsgrad`: its group has it (else the engine's
+    max_exp_avg_sq, held when another group has amsgrad, is zeros and unused)."""
     n = entry["exp_avg"].numel()
     if not st:
         entry.update({k: torch.zeros(n) for k in MOMENTS if k in entry}, step=0)
@@ -159,9 +168,9 @@ def _torch_values(entry: dict[str, Any], st: dict[str, Any] | None, name: str) -
     for k in MOMENTS:
         if k not in entry:
             continue
-        t = st.get(k)
+        t = st.get(k) if amsgrad or k != "max_exp_avg_sq" else None
         if t is None:
-            if entry["step"] > 0:
+            if entry["step"] > 0 and amsgrad:
                 raise ValueError(f"the state of parameter {name} has no {k} (saved with amsgrad=False?); this "
                                  f"optimizer has amsgrad=True")
             entry[k] = torch.zeros(n)
@@ -191,6 +200,7 @@ def own_engine_sd(engine: SuperOffloadEngine, saved: dict[str, Any], groups: lis
                   state_of: dict[torch.Tensor, dict[str, Any]]) -> dict[str, Any]:
     """The engine state to load from a superoffload.AdamW state dict (`saved`: its engine part)."""
     engine.synchronize()
+    moments = moments_of(engine, groups)
     params = {}
     for name, e in saved["params"].items():
         params[name] = {k: v.detach().to("cpu") if isinstance(v, torch.Tensor) else v for k, v in e.items()}
@@ -198,7 +208,7 @@ def own_engine_sd(engine: SuperOffloadEngine, saved: dict[str, Any], groups: lis
         entry = params.get(s.name)
         if entry is None:
             continue  # the engine names what is missing
-        _torch_values(entry, state_of.get(s.param), s.name)
+        _torch_values(entry, state_of.get(s.param), s.name, "max_exp_avg_sq" in moments[s.group])
         entry["master"] = _master_or_weights(engine, s, entry)
     return {**saved, "params": params, "param_groups": groups}
 
@@ -215,14 +225,15 @@ def foreign_engine_sd(engine: SuperOffloadEngine, groups: list[dict[str, Any]],
         full = ckpt.param_state(cur)
     except ValueError:  # this rank's shard only: the weights are the masters torch would see
         full = None
-    amsgrad = engine.config.optimizer.amsgrad
+    held = engine.config.optimizer.amsgrad
+    moments = moments_of(engine, groups)
     params = {}
     for s in engine.slots:
         master = full[s.name]["master"] if full else s.param.detach().to("cpu", torch.float32)
         entry: dict[str, Any] = {"master": master.reshape(-1), "ranges": [(0, s.numel)], "numel": s.numel,
                                  "shape": tuple(s.shape), "step": 0}
-        entry.update({k: torch.zeros(s.numel) for k in MOMENTS if amsgrad or k != "max_exp_avg_sq"})
-        _torch_values(entry, state_of.get(s.param), s.name)
+        entry.update({k: torch.zeros(s.numel) for k in MOMENTS if held or k != "max_exp_avg_sq"})
+        _torch_values(entry, state_of.get(s.param), s.name, "max_exp_avg_sq" in moments[s.group])
         params[s.name] = entry
     order = cur["arrival_order"] if cur["layout_measured"] else [engine.slots[i].name for i in engine.order]
     return {"version": ckpt.VERSION, "world_size": 1, "rank": 0, "replicated": False, "params": params,

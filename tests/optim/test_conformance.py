@@ -136,8 +136,58 @@ def test_amsgrad_in_every_group_with_the_constructor_default():
     opt = run(lambda ps: superoffload.AdamW(groups(ps), lr=0.05), mine, steps=5)
     assert_close(mine, ref)
     assert set(opt.state_dict()["state"][0]) == {"step", "exp_avg", "exp_avg_sq", "max_exp_avg_sq"}
-    with pytest.raises(ValueError, match="amsgrad is True in some param groups and False in others"):
-        superoffload.AdamW([{"params": tensors()[:1], "amsgrad": True}, {"params": tensors()[1:]}])
+
+
+@pytest.mark.parametrize("options", [{}, {"device_tail_buckets": 3, "bucket_size": 16}], ids=["host", "tail"])
+def test_amsgrad_per_group_as_torch(options):
+    """amsgrad in one group and not the other (torch's test_param_groups_lr does this): each group steps as
+    torch's does, only the amsgrad group's state has max_exp_avg_sq, and the state dicts cross both ways.
+    `tail`: every bucket's state on the device, stepped by the device's fused AdamW per group."""
+    def groups(ps):
+        # beta2 0.3: exp_avg_sq follows the squared gradients down as well as up, so a max kept where it
+        # does not belong changes the step
+        return [{"params": ps[:2], "amsgrad": True, "betas": (0.9, 0.3)}, {"params": ps[2:], "lr": 0.01,
+                                                                          "betas": (0.9, 0.3)}]
+
+    ref, mine = tensors(), tensors()
+    ref_opt = run(lambda ps: torch.optim.AdamW(groups(ps), lr=0.05), ref, steps=5)
+    opt = run(lambda ps: superoffload.AdamW(groups(ps), lr=0.05, **options), mine, steps=5)
+    assert_close(mine, ref)
+    sd = opt.state_dict()
+    assert [g["amsgrad"] for g in sd["param_groups"]] == [True, False]
+    assert {i: set(st) for i, st in sd["state"].items()} == {
+        i: set(st) for i, st in ref_opt.state_dict()["state"].items()}
+    assert "max_exp_avg_sq" not in sd["state"][2] and "max_exp_avg_sq" in sd["state"][0]
+    torch.testing.assert_close(sd["state"][0]["max_exp_avg_sq"], ref_opt.state_dict()["state"][0]["max_exp_avg_sq"],
+                               **TOL)
+    # torch's dict into this optimizer, and this one's into torch's: both keep stepping alike
+    back, again = tensors(), tensors()
+    for ps, src in ((back, mine), (again, mine)):
+        with torch.no_grad():
+            for p, q in zip(ps, src, strict=True):
+                p.copy_(q)
+    mine_again = superoffload.AdamW(groups(again), lr=0.05, **options)
+    mine_again.load_state_dict(copy.deepcopy(ref_opt.state_dict()))
+    torch_back = torch.optim.AdamW(groups(back), lr=0.05)
+    torch_back.load_state_dict(copy.deepcopy(sd))
+    for ps, o in ((back, torch_back), (again, mine_again), (ref, ref_opt), (mine, opt)):
+        o.zero_grad()
+        loss_of(ps, torch.ones(5)).backward()
+        o.step()
+    assert_close(again, ref)
+    assert_close(back, ref)
+    assert_close(mine, ref)
+
+
+def test_amsgrad_turned_on_later_needs_it_at_construction():
+    ps = tensors()
+    opt = superoffload.AdamW(ps, lr=0.05)
+    loss_of(ps, torch.ones(5)).backward()
+    opt.step()
+    opt.param_groups[0]["amsgrad"] = True
+    loss_of(ps, torch.ones(5)).backward()
+    with pytest.raises(ValueError, match="param group 0 now says amsgrad=True, but no group had it"):
+        opt.step()
 
 
 @pytest.mark.parametrize("flags", [{"foreach": True}, {"foreach": False}, {"fused": True}, {"fused": False}])
