@@ -114,6 +114,35 @@ def _op_overhead(device: str, sync: Callable[[], None]) -> float:
     return _best(chain, 5, sync) / 100
 
 
+def launch_op_seconds(device: str, sync: Callable[[], None], ops: int = 200) -> float:
+    """The training thread's time per device op that launches a kernel, outside autograd (what the
+    SuperOffload engine's launch is made of; planner/overhead.py counts them): in-place adds on an
+    8-element tensor, synchronized once per `ops`, so the device's queue absorbs them."""
+    x = torch.zeros(8, device=device)
+
+    def burst() -> None:
+        for _ in range(ops):
+            x.add_(1.0)
+
+    return _best(burst, 5, sync) / ops
+
+
+def device_call_seconds(sync: Callable[[], None], calls: int = 100) -> float:
+    """A light CUDA call's training-thread time: an event record, a stream's wait on it and a switch to
+    that stream and back, per call of the three (the engine's launch issues all three kinds)."""
+    side = torch.cuda.Stream()
+    events = [torch.cuda.Event() for _ in range(calls)]
+
+    def burst() -> None:
+        for ev in events:
+            ev.record()
+            side.wait_event(ev)
+            with torch.cuda.stream(side):
+                pass
+
+    return _best(burst, 5, sync) / (3 * calls)
+
+
 def _gelu_rate(device: str, sync: Callable[[], None], n: int = 1 << 20) -> float:
     """Elements/s of the MLP activation (tanh-GELU) forward + backward: on CPUs it is compute-bound
     (a tanh per element), far slower than the elementwise streaming rate."""
@@ -542,6 +571,7 @@ def _cuda_profile(quick: bool, systems: bool = True) -> HardwareProfile:
         sync_latency_s=_best(event_roundtrip, 20), notes=notes,
         matmul_curve=_matmul_curve("cuda", torch.bfloat16, quick, sync, pool_bytes=256 * MB),
         elementwise_gbps=_elementwise_gbps("cuda", sync), op_overhead_s=_op_overhead("cuda", sync),
+        launch_op_s=launch_op_seconds("cuda", sync), device_call_s=device_call_seconds(sync),
         attention_bwd_ratio=_attention_bwd_ratio("cuda", torch.bfloat16, sync),
         attention_curve=_attention_curve("cuda", torch.bfloat16, quick, sync),
         **_overhead_fields("cuda", quick, systems, sync, notes))

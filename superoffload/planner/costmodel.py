@@ -618,7 +618,7 @@ class _Builder:
         spec, graph, costs, group = self.spec, self.graph, self.costs, self.groups[j]
         n, real = group.params, group.real_buckets
         if spec.name == "superoffload":  # the launch's machinery, on the training thread, in backward
-            t = ov.engine_launch_overhead_s(self.hw, n, real)
+            t = ov.engine_launch_overhead_s(self.hw, n, real, on_device=group.on_device)
             if t > 0:
                 ready = graph.add(f"it{it}.launch{j}", COMPUTE, t, [ready], "system_overhead", it)
                 self._norm_ops.append(ready)

@@ -145,9 +145,15 @@ class HardwareProfile:
     clip_gbps: float | None = None  # global-norm clipping traffic at 12 B/param (norm read, scale read+write)
     # per system: the step machinery (hooks, flattening, communication layer, the engine's per-bucket
     # work) outside the modelled ops, measured on a degenerate model (superoffload/calibrate/systems.py) as
-    # {"fixed_s", "per_layer_s", "per_tensor_s", "per_bucket_s", "per_param_s" (+ "per_param_raw_s")}; the GPU
-    # presets carry only the SuperOffload engine's per_bucket_s, measured on an H200 (presets.py)
+    # {"fixed_s", "per_layer_s", "per_tensor_s", "per_bucket_s", "per_param_s" (+ "per_param_raw_s")}; a
+    # profile with launch_op_s below prices the SuperOffload engine's per-bucket launch by its op counts instead
     system_step_s: dict[str, dict[str, float]] | None = None
+    # The training thread's time per device call outside autograd, which the SuperOffload engine's launch is
+    # made of (overhead.py counts them per bucket): an op that launches a kernel, and a light call (an event
+    # record or wait, a stream switch). Measured by `calibrate` on a GPU; the GPU presets carry the values
+    # fitted to the first H200 runs (presets.py). None: the engine's launch priced by system_step_s.
+    launch_op_s: float | None = None
+    device_call_s: float | None = None
     # profiled compute of named workloads (calibrate --workloads; superoffload/calibrate/compute.py): per
     # "MODEL:sSEQ:bBATCH", the forward/backward seconds of one block and of the rest of the harness's
     # model, with the shape signature and dtype they were measured at. Used instead of the op-level terms

@@ -23,6 +23,14 @@ TOP_MODULES = {"gpt": 5, "hf": 6}
 # 3 transposes, the output transpose and reshape (9) minus the 2 counted there.
 BLOCK_VIEW_OPS = {"gpt": 7, "hf": 7}
 CLIP_BYTES_PER_PARAM = 12  # fp32 grads: read for the norm, read + write for the scale
+# What the SuperOffload engine's launch (engine/launch.py) issues per bucket on the training thread, counted
+# on the simulated device with the CUDA backend's kernels (superoffload/harness/launch_counts.py; the test
+# tests/planner/test_launch_pricing.py recounts it and fails when these drift): "kernels" are ops that
+# launch a kernel or a copy across the link, "calls" event records and waits and stream switches. A host
+# bucket: the foreach copy into the flat buffer, the norm, the D2H; four event records, the side stream's
+# wait, one stream switch, and about one forward wait (one per module, on its buckets' upload). A tail
+# bucket: the copy into the tail arena's gradient and the norm, and a forward wait for some.
+ENGINE_LAUNCH_OPS = {"host": {"kernels": 3, "calls": 7}, "tail": {"kernels": 2, "calls": 1}}
 
 
 def param_tensors(shape: ModelShape) -> int:
@@ -94,12 +102,21 @@ def system_step_overhead_s(system: str, shape: ModelShape, hw: HardwareProfile, 
     return t
 
 
-def engine_launch_overhead_s(hw: HardwareProfile, params: float, buckets: int) -> float:
+def engine_launch_overhead_s(hw: HardwareProfile, params: float, buckets: int, on_device: bool = False) -> float:
     """The SuperOffload engine's machinery of `buckets` buckets holding `params` parameters at their launch, in
-    backward: calibrate's per-bucket and per-parameter terms. The launch (engine/launch.py `Launcher.launch`, from a
-    gradient hook on the training thread) flattens the bucket's gradients, computes its norm and hands it on,
-    once per bucket and per parameter; the step after validation does not touch every parameter again on that
-    thread. Charging them after validation let them overlap the host step, which they do not."""
+    backward (`on_device`: tail buckets). The launch (engine/launch.py `Launcher.launch`, from a gradient hook
+    on the training thread) flattens the bucket's gradients, computes its norm and hands it on; the step after
+    validation does not touch every parameter again on that thread. Charging it after validation let it
+    overlap the host step, which it does not.
+
+    A profile with the device's call costs (`launch_op_s`, `device_call_s`: calibrate on a GPU, the GPU
+    presets) is charged what the launch issues, ENGINE_LAUNCH_OPS per bucket at those costs: what a bucket
+    costs follows the engine's op counts, not a fit to an older engine. The per-parameter hook is a few Python
+    calls (~1 us), left out. Otherwise (CPU profiles, where the device is the host) calibrate's per-bucket
+    and per-parameter terms, measured by timing the engine's whole step (calibrate/systems.py)."""
+    if hw.launch_op_s is not None:
+        ops = ENGINE_LAUNCH_OPS["tail" if on_device else "host"]
+        return buckets * (ops["kernels"] * hw.launch_op_s + ops["calls"] * (hw.device_call_s or 0.0))
     c = (hw.system_step_s or {}).get("superoffload")
     if not c:
         return 0.0

@@ -61,6 +61,10 @@ UPLOAD_SLOTS_MIN_GAIN = 0.01  # a deeper ring (more pinned slots) only for a >= 
 # GraceAdam (the paper's kernel, the engine's default, one fused pass) unless another kernel is >= 1 % cheaper
 # per parameter as the engine runs it: a calibration's kernel rates differ by about that between runs
 HOST_OPTIMIZER_MIN_GAIN = 0.01
+# a model whose Adam state fits on the device is trained there whole (every bucket a tail bucket: the engine
+# then costs about what torch's step does, with no host worker, link traffic or host memory to depend on)
+# unless keeping some state on the host is predicted >= 1 % faster
+ALL_DEVICE_MIN_GAIN = 0.01
 # the cast side is chosen at the link rule's bucket, before the bucket, tail and speculation; the plan is made
 # again with the other side when, at the final choices, that side is >= 1 % faster (``_recheck_cast``)
 CAST_MIN_GAIN = 0.01
@@ -1196,7 +1200,8 @@ def _choose_tail(w: Workload, hw: HardwareProfile, opts: Options, budget: float,
     # the engine's buckets (whole tensors, uneven), last first: as many as their state fits in HBM
     free = budget - _device_need(w, hw, opts)
     max_tail = 0
-    for b in reversed(bk.pack_buckets(w.shape, opts.bucket_size)):
+    packed = bk.pack_buckets(w.shape, opts.bucket_size)
+    for b in reversed(packed):
         free -= TAIL_STATE_BYTES * sum(n for _, n in b) / w.chips  # each rank keeps its shard of the state
         if free < 0:
             break
@@ -1218,12 +1223,16 @@ def _choose_tail(w: Workload, hw: HardwareProfile, opts: Options, budget: float,
     for t in range(max(0, best - step), min(max_tail, best + step) + 1, max(1, step // 4)):
         run(t)
     best = min(cache, key=lambda t: (round(cache[t].step_time_s, 9), t))
+    why = f"the fastest predicted step of {len(cache)} tails priced (room for up to {max_tail})"
+    whole = max_tail == len(packed) > 0
+    if whole and cache[max_tail].step_time_s <= cache[best].step_time_s * (1 + ALL_DEVICE_MIN_GAIN):
+        best = max_tail
+        why = (f"every bucket's Adam state fits on the device: trained there whole unless some on the host is "
+               f">= {ALL_DEVICE_MIN_GAIN:.0%} faster ({len(cache)} tails priced)")
     p0, pb = cache[0], cache[best]
     others = [t for t in cache if t != best]
     runner = min(others, key=lambda t: (cache[t].step_time_s, t)) if others else None
-    alts["device_tail_buckets"] = _alternative(
-        best, pb, runner, cache[runner] if runner is not None else None,
-        f"the fastest predicted step of {len(cache)} tails priced (room for up to {max_tail})")
+    alts["device_tail_buckets"] = _alternative(best, pb, runner, cache[runner] if runner is not None else None, why)
     _, tail_params = bk.split_params(w.shape, best, opts.bucket_size)
     reasons.append(
         f"Device tail: {best} bucket(s) ({tail_params / 1e6:.0f}M params, "

@@ -74,13 +74,15 @@ NETWORK_STEP_LATENCY_S = 10e-6
 # (non-tensor-core) matmul is achievable at the same share of peak as bf16 (MATMUL_EFFICIENCY, an
 # assumption); only the tiled loss's fp32 weight-gradient GEMM uses it.
 INFINIBAND_NDR_GBPS = 400 / 8  # an x86 GPU server's typical one NDR NIC per GPU (assumption for PCIe presets)
-# The SuperOffload engine's training-thread time per bucket per step on a GPU (gradient hook: flatten, norm,
-# copy or tail hand-off; the tail's cast and gather), which the device waits on. Measured on one H200 PCIe
-# with an x86 host (torch 2.11, 2026-12-04, docs/results.md "First runs on a GPU"): `bench run --model gpt-1b
-# --seq 1024 --batch 4 --dtype bf16 --checkpointing` at 879 buckets and at 108 (-o bucket_size=16777216),
-# grad_launch_s + device_step_s per step, 388.4 and 82.4 ms: (388.4 - 82.4) / (879 - 108) ms per bucket.
-# Python and launch cost, so assumed the same behind a Grace CPU (not measured there).
-ENGINE_PER_BUCKET_S = (388.4e-3 - 82.4e-3) / (879 - 108)
+# The training thread's time per device call on a GPU (overhead.py prices the engine's launch with them):
+# 19 us per op that launches a kernel and 8.5 us per light call (a view, a stream context, an event record
+# or wait), fitted by op class to the first H200 runs (one H200 PCIe, x86 host, torch 2.11, 2026-12-04,
+# docs/results.md "First runs on a GPU"): the launch's training-thread time at 879 and at 108 buckets against
+# that engine's counted ops per step (docs/cost_model.md, "The engine's launch"). That host ran GraceAdam on
+# every core beside the training thread, so these are high; `calibrate` on a GPU measures them instead.
+# Python and driver cost, so assumed the same behind a Grace CPU (not measured there).
+GPU_LAUNCH_OP_S = 19e-6
+GPU_DEVICE_CALL_S = 8.5e-6
 
 
 def _links(peak_gbps: float) -> dict[str, Curve]:
@@ -116,7 +118,7 @@ def gh200() -> HardwareProfile:
         inter_node_gbps=LINK_EFFICIENCY * SLINGSHOT11_GBPS,
         intra_node_latency_s=NVLINK_STEP_LATENCY_S,
         inter_node_latency_s=NETWORK_STEP_LATENCY_S,
-        system_step_s={"superoffload": {"per_bucket_s": ENGINE_PER_BUCKET_S}},
+        launch_op_s=GPU_LAUNCH_OP_S, device_call_s=GPU_DEVICE_CALL_S,
         notes=["host memory is the datasheet's 480 GB; the paper's per-chip host memory is not known",
                "C2C curve is latency+bandwidth, not a measured sweep; run `superoffload calibrate`",
                "several chips: 4 per node (NV6 NVLink between pairs), one 200 Gb/s NIC per chip, as on the "
@@ -156,7 +158,7 @@ def _pcie_profile(name: str, gpu: catalog.GpuInfo, hbm_bytes: int, hbm_gbps: flo
         inter_node_gbps=LINK_EFFICIENCY * INFINIBAND_NDR_GBPS,
         intra_node_latency_s=NVLINK_STEP_LATENCY_S,
         inter_node_latency_s=NETWORK_STEP_LATENCY_S,
-        system_step_s={"superoffload": {"per_bucket_s": ENGINE_PER_BUCKET_S}},
+        launch_op_s=GPU_LAUNCH_OP_S, device_call_s=GPU_DEVICE_CALL_S,
         notes=["host is an assumed Sapphire Rapids socket (8x DDR5-4800); calibrate on the real one",
                "several chips: assumed 8 per server over PCIe, one NDR 400 Gb/s NIC per GPU"],
     )

@@ -21,6 +21,7 @@ def test_cuda_calibrate_quick_is_physical_and_predicts(tmp_path) -> None:
     assert prof.h2d_pinned.peak() >= 0.5 * prof.h2d_pageable.peak()
     assert 1e12 < prof.device_matmul_flops <= 1.05 * prof.device_peak_flops
     assert prof.device_cast_gbps > 10 and prof.sync_latency_s < 1e-3
+    assert 1e-7 < prof.launch_op_s < 1e-3 and 1e-8 < prof.device_call_s < 1e-3
     again = HardwareProfile.load(tmp_path / "p.json")
     assert again == prof
     pred = predict("superoffload", Workload(TOY, 128, 2, False), again)
