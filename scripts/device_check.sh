@@ -78,7 +78,8 @@ if [ "$MODE" = gpu ]; then
          "1 superoffload 70" "1 zero_offload 75" "1 fsdp_offload 80" "1 ds_superoffload 75" "1 torch 40"
          "2 superoffload 70" "2 zero_offload 75" "2 fsdp_offload 80" "2 ds_superoffload 75" "2 torch 40"
          "0 zero_offload 45" "0 fsdp_offload 45" "0 ds_superoffload 45" "1 zero_infinity 90")
-  TOTAL_S=470 SECTIONS=("setup 25" "sweep 270" "counters 30" "calibrate 75" "cuda 50" "report 20")
+  # counters: launch_costs (cap 30) then bench adam (cap 40) must both fit, so 60 s of it; the sweep keeps 250
+  TOTAL_S=470 SECTIONS=("setup 25" "sweep 250" "counters 60" "calibrate 70" "cuda 45" "report 20")
   ADAM=(--numel 16M --threads 1,4,8,16 --repeats 3)
   LAUNCH=(--device cuda --model gpt-1b --seq 1024 --batch 4 --precision bf16) LAUNCH_CAP=30  # gpt-1b: two builds, 2 x 3 steps
   CAL=(--workloads gpt-1b:1024:8 --dtype bf16 --collectives 0)
