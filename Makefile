@@ -16,7 +16,7 @@ figures ablation nightly report calibrate: setup
 	$(VENV)/snakemake $@
 
 test: setup
-	$(VENV)/python -m pytest -q -m "not slow" tests
+	$(VENV)/python -m pytest -q -m "not slow" --durations=40 tests
 
 test-all: setup
 	$(VENV)/python -m pytest -q tests
