@@ -2,6 +2,7 @@
 
     python benchmarks/worker_speed.py [--model gpt-small --seq 128 --batch 2 --bucket-size 4194304
                                        --steps 8 --warmup 3 --rounds 3 --device sim --rollback-mode deferred]
+                                      [--torch-threads N] [--pin-training-thread]
 
 The engine trains `--model` in bf16 on `--device` (`sim`: the CUDA code path on the simulated discrete device,
 so the GraceAdam pool is configured as beside a GPU: every CPU of the affinity mask but the training thread's,
@@ -13,12 +14,15 @@ master, m, v, a bf16 gradient, a bf16 upload copy: what `bench adam` times as `g
 `grace_double_buffer`), nothing running beside them. Rounds alternate the two; medians per round are printed,
 and the ratios engine / alone (the target: kernel time within 1.2x of the kernel alone).
 
-On a 2-core machine the pool has one thread and the training thread's backward runs beside the worker on the
-other core: memory bandwidth and caches are shared, so the engine's ratio includes that contention."""
+On a CPU the training thread's forward and backward compute runs on the CPUs too (on a GPU it is launched, not
+computed): with torch's intra-op threads on every CPU, one of them shares the pool's core. `--torch-threads 1
+--pin-training-thread` keeps the training thread (pinned, after the engine chose the pool's CPUs) and its compute
+off the pool's CPUs, as a GPU run leaves them."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -39,6 +43,10 @@ def engine_round(args: argparse.Namespace) -> tuple[list[int], float, float]:
         "optimizer": {"lr": 1e-4, "weight_decay": 0.1}, "device": args.device, "precision": "bf16",
         "bucket_size": args.bucket_size, "device_tail_buckets": 0, "speculation": True,
         "rollback_mode": args.rollback_mode, "speculation_policy": {"max_rollback_rate": 1.0}})
+    every = os.sched_getaffinity(0)
+    if args.pin_training_thread:
+        pool = set((engine.stats["host_pool"] or {}).get("cpus") or ())
+        os.sched_setaffinity(0, (every - pool) or every)  # this thread only (Linux: 0 is the calling thread)
     try:
         def steps(n: int, start: int) -> None:
             for i in range(start, start + n):
@@ -57,6 +65,7 @@ def engine_round(args: argparse.Namespace) -> tuple[list[int], float, float]:
         return sizes, kernel / args.steps, busy / args.steps
     finally:
         engine.close()
+        os.sched_setaffinity(0, every)
 
 
 def kernel_alone(sizes: list[int], mode: str, repeats: int = 5) -> float:
@@ -95,7 +104,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--device", default="sim", choices=["sim", "host"])
     ap.add_argument("--rollback-mode", default="deferred", choices=["deferred", "full_copy"])
+    ap.add_argument("--torch-threads", type=int, default=None, help="torch's intra-op threads (default: torch's)")
+    ap.add_argument("--pin-training-thread", action="store_true",
+                    help="pin the training thread to the CPUs the GraceAdam pool does not use")
     args = ap.parse_args()
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
     ratios, busy_ratios = [], []
     for r in range(args.rounds):
         sizes, kernel, busy = engine_round(args)
