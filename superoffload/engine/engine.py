@@ -562,13 +562,13 @@ class SuperOffloadEngine(DeepSpeedNames):
         self.step_state.backward_done = True
 
     def hyper_params(self) -> dict[int, HyperParams]:
-        """Each param group's Adam hyper-parameters now (amsgrad per group where the engine holds the
-        max_exp_avg_sq buffers, i.e. the config's `optimizer.amsgrad`)."""
-        held = self.config.optimizer.amsgrad
-        return {gi: HyperParams(lr=float(g["lr"]), beta1=float(g["betas"][0]), beta2=float(g["betas"][1]),
-                                eps=float(g["eps"]), weight_decay=float(g["weight_decay"]),
-                                amsgrad=held and bool(g.get("amsgrad", True)))
+        """Each param group's Adam hyper-parameters now."""
+        return {gi: HyperParams(float(g["lr"]), float(g["betas"][0]), float(g["betas"][1]), float(g["eps"]),
+                                float(g["weight_decay"]), self.group_amsgrad(g))
                 for gi, g in enumerate(self.optimizer.param_groups)}
+
+    def group_amsgrad(self, group: dict[str, Any]) -> bool:  # the engine holds max_exp_avg_sq, the group uses it
+        return self.config.optimizer.amsgrad and bool(group.get("amsgrad", True))
 
     def spec_inputs(self) -> tuple[float, dict[int, HyperParams]]:
         return self.validator.spec_inputs()

@@ -59,8 +59,7 @@ class Snapshot:
 def moments_of(engine: SuperOffloadEngine, groups: list[dict[str, Any]]) -> list[tuple[str, ...]]:
     """Per param group, the moments torch's AdamW keeps for its parameters: max_exp_avg_sq only where the
     group has amsgrad (the engine holds it for every parameter when any group had amsgrad at construction)."""
-    held = engine.config.optimizer.amsgrad
-    return [MOMENTS if held and g.get("amsgrad", True) else MOMENTS[:2] for g in groups]
+    return [MOMENTS if engine.group_amsgrad(g) else MOMENTS[:2] for g in groups]
 
 
 def take_snapshot(engine: SuperOffloadEngine) -> Snapshot:
