@@ -1,6 +1,7 @@
 # Two entry points, each doing its own set-up (a .venv in this folder):
 #   make all    the main job: `snakemake all` on the default profile
-#   make test   the test suite CI runs: all but the tests marked slow (each a longer variant of one that runs)
+#   make test   the test suite CI runs: all but the tests marked slow (each a longer variant of one that runs),
+#               on TEST_WORKERS (2) pytest-xdist workers
 #   make test-all  every test, the slow variants included
 SHELL := /bin/bash
 VENV := .venv/bin
@@ -15,11 +16,14 @@ all: setup
 figures ablation nightly report calibrate: setup
 	$(VENV)/snakemake $@
 
+# two pytest-xdist workers, each taking whole groups (a test module, or the modules that share the smoke sweep:
+# tests/conftest.py); most tests wait on a subprocess's import and start-up, so two overlap well even on two cores
+TEST_WORKERS ?= 2
 test: setup
-	$(VENV)/python -m pytest -q -m "not slow" --durations=40 tests
+	$(VENV)/python -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadgroup --durations=40 tests
 
 test-all: setup
-	$(VENV)/python -m pytest -q tests
+	$(VENV)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup tests
 
 setup:
 	@scripts/bootstrap.sh bench,test

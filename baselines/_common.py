@@ -9,6 +9,7 @@ from __future__ import annotations
 import atexit
 import os
 import socket
+import sys
 from typing import Any
 
 import torch.distributed as dist
@@ -80,16 +81,34 @@ def ensure_process_group(device_type: str) -> str:
 
     The group is process-wide and is kept until exit, never destroyed in teardown: DeepSpeed caches
     group handles in module globals (deepspeed.utils.groups), and a second engine in the same process
-    fails with "Group ... is not registered" once the group it cached has been destroyed.
+    fails with "Group ... is not registered" once the group it cached has been destroyed. Where something
+    else in the process destroyed it anyway (a library, a test), the new group comes with DeepSpeed's cached
+    handles forgotten (``forget_deepspeed_groups``), so the next engine builds them from the new group.
     """
     global _created_here
     dist_env_defaults()
     if not dist.is_initialized():
         dist.init_process_group(backend=backend_for(device_type))
+        forget_deepspeed_groups()
         if not _created_here:
             atexit.register(_destroy_at_exit)
         _created_here = True
     return str(dist.get_backend())
+
+
+def forget_deepspeed_groups() -> None:
+    """Drop the process-group handles DeepSpeed keeps in module globals (deepspeed.utils.groups: the clone of
+    the world group, the mpu, the all-to-all groups), which point into a default group that no longer exists
+    once it was destroyed; DeepSpeed builds them again on first use. Nothing to do where DeepSpeed was never
+    imported."""
+    groups = sys.modules.get("deepspeed.utils.groups")
+    if groups is None:
+        return
+    for name, empty in (("_WORLD_GROUP", None), ("mpu", None), ("_ALL_TO_ALL_GROUP", {}),
+                        ("_DATA_PARALLEL_GROUP", None), ("_MODEL_PARALLEL_GROUP", None),
+                        ("_ZERO_PARAM_INTRA_PARALLEL_GROUP", None)):
+        if hasattr(groups, name):
+            setattr(groups, name, empty)
 
 
 def _destroy_at_exit() -> None:

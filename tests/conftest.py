@@ -30,7 +30,18 @@ def pytest_configure(config):
         os.environ["SUPEROFFLOAD_PEAK_CACHE"] = os.path.join(tempfile.mkdtemp(prefix="so-peak-"), "cpu_peak.json")
 
 
+# The suite's unit of work under pytest-xdist (`make test` runs `--dist loadgroup`): a worker takes a whole group,
+# by default one test module, so a module-scoped fixture is computed once; a module that shares a session
+# fixture with another names a common group (the smoke sweep's: tests/workflow/test_e2e.py and
+# test_report_browser.py). Runs before xdist's own hook, which reads the groups.
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
+    if config.pluginmanager.hasplugin("xdist"):
+        for item in items:
+            if not any(item.iter_markers("xdist_group")):
+                item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")

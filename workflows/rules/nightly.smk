@@ -141,6 +141,9 @@ rule nightly_microbench:
             "microbench", f"--pytest-benchmark {shlex.quote(NIGHTLY_DIR + '/microbench/microbench.json')} "
             f"--source {shlex.quote(NIGHTLY_DIR + '/microbench')}", NIGHTLY_MICRO, f"{NIGHTLY_DIR}/microbench-summary.md"),
     shell:
-        "mkdir -p {NIGHTLY_DIR}/microbench && {PY:q} -m pytest -q -p no:cacheprovider -o addopts= --timeout=600 "
+        # its own pytest session: the variables of a pytest-xdist worker that started this workflow (a test of
+        # it) would make pytest-benchmark turn itself off and refuse --benchmark-only
+        "mkdir -p {NIGHTLY_DIR}/microbench && env -u PYTEST_XDIST_WORKER -u PYTEST_XDIST_WORKER_COUNT "
+        "{PY:q} -m pytest -q -p no:cacheprovider -o addopts= --timeout=600 "
         "{WF}/benchmarks/test_microbench.py --benchmark-only --benchmark-json={params.json:q} > {log.run:q} 2>&1 "
         "&& {params.check}"
