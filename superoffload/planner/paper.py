@@ -11,6 +11,7 @@ Run: ``python -m superoffload.planner.paper`` (markdown tables on stdout: the co
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
@@ -184,8 +185,49 @@ def _blog_tflops(shape: ModelShape, seq: int, batch: int, step_s: float) -> floa
     return batch * per_sample / step_s / 1e12
 
 
-def paper_comparison(hardware: str | HardwareProfile = "gh200") -> list[dict[str, Any]]:
+# The row groups of ``paper_comparison``; a sweep may ask for some (config ``predictions.figures``): the
+# multi-chip and Fig 12 groups cost most of its time (a minute on one core), the rest seconds.
+PAPER_FIGURES = {
+    "fig10": "Fig 10 (one chip, TFLOPS per model size) with the abstract's ratios and the GPU-busy claim",
+    "fig13": "Fig 13 on one chip (the largest model)",
+    "multi_chip": "Fig 11 and Fig 13 on 4 and 16 chips",
+    "fig12": "Fig 12 (sequence length on 4 and 8 chips)",
+    "ablation": "the cumulative ablation",
+    "blog": "the blog's TFLOPS claim",
+}
+
+
+def check_figures(figures: Iterable[str]) -> tuple[str, ...]:
+    """``figures`` as a tuple, each one of PAPER_FIGURES; raises ValueError naming the choices."""
+    figures = tuple(figures)
+    unknown = [f for f in figures if f not in PAPER_FIGURES]
+    if unknown or not figures:
+        raise ValueError(f"paper figures {unknown or '(none)'}: choose one or more of {', '.join(PAPER_FIGURES)}")
+    return figures
+
+
+def paper_comparison(hardware: str | HardwareProfile = "gh200",
+                     figures: Iterable[str] | None = None) -> list[dict[str, Any]]:
+    """The rows of every group of PAPER_FIGURES, or of ``figures`` only, in that order."""
+    want = set(PAPER_FIGURES if figures is None else check_figures(figures))
     hw = get_profile(hardware)
+    rows: list[dict[str, Any]] = []
+    if "fig10" in want:
+        rows += _fig10_rows(hw)
+    if "fig13" in want:
+        rows += _fig13_one_chip_rows(hw)
+    if "multi_chip" in want:
+        rows += multi_chip_rows(hw)
+    if "fig12" in want:
+        rows += fig12_rows(hw)
+    if "ablation" in want:
+        rows += _ablation_rows(hw)
+    if "blog" in want:
+        rows += _blog_rows(hw)
+    return rows
+
+
+def _fig10_rows(hw: HardwareProfile) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     f10 = fig10(hw)
     for size, preds in f10.items():
@@ -210,6 +252,11 @@ def paper_comparison(hardware: str | HardwareProfile = "gh200") -> list[dict[str
             rows.append(_row("blog fig2", f"gpt-13b {system}", "gpu_busy_fraction",
                              round(p.gpu_busy_s / p.step_time_s, 3), paper, "V",
                              "'~50% -> >80%'; busy = device compute time / step"))
+    return rows
+
+
+def _fig13_one_chip_rows(hw: HardwareProfile) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
     # (b) largest model on one chip
     fig13_paper = (("superoffload", 25.0, "V"), ("zero_offload", 15.0, "S"), ("torch", 3.5, "S"),
                    ("zero_infinity", None, "missing"), ("fsdp_offload", None, "missing"),
@@ -219,8 +266,11 @@ def paper_comparison(hardware: str | HardwareProfile = "gh200") -> list[dict[str
         rows.append(_row("fig13", f"1 chip {system}", "largest_model_B", _label_b(name) if name else None,
                          paper, status, f"{name} ({params / 1e9:.2f}B actual)" if name else "nothing fits"))
         rows.append(_largest_params_row(system, hw, 1))
-    rows += multi_chip_rows(hw)
-    rows += fig12_rows(hw)
+    return rows
+
+
+def _ablation_rows(hw: HardwareProfile) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
     # (c) cumulative ablation
     abl = ablation(hw)
     paper_f = {"+GraceAdam": 1.104, "+casting": 1.127, "+STV": 1.45, "+repartitioning": 1.141}
@@ -229,6 +279,11 @@ def paper_comparison(hardware: str | HardwareProfile = "gh200") -> list[dict[str
                          paper_f[name], "S"))
     rows.append(_row("ablation", f"{ABLATION_MODEL} total", "speedup_vs_baseline",
                      round(abl[0][1] / abl[-1][1], 3), 2.06, "S"))
+    return rows
+
+
+def _blog_rows(hw: HardwareProfile) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
     # blog: up to 600 TFLOPS (seq 4K, batch 4) on Qwen3-14B / Phi-4, DeepSpeedExamples formula
     best = 0.0
     for model in ("qwen3-14b", "phi-4"):

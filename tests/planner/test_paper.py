@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -10,6 +11,8 @@ import pytest
 from superoffload.planner import paper
 from superoffload.planner.hardware import HardwareProfile
 from superoffload.planner.paper import format_table, paper_comparison
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _check_rows(rows: list[dict[str, Any]]) -> None:
@@ -39,6 +42,23 @@ def test_paper_comparison_rows(monkeypatch, gh200_multi_chip_rows) -> None:
     assert asked == ["gh200"]
     assert all(any(r is m for r in rows) for m in gh200_multi_chip_rows)  # every multi-chip row is in the table
     _check_rows(rows)
+    # a sweep's choice of groups (config predictions.figures) gives exactly those rows of the whole, in order
+    some = paper_comparison(figures=["fig13", "ablation", "blog"])
+    assert asked == ["gh200"]  # the multi-chip group was not computed
+    assert some == [r for r in rows if r["figure"] in ("ablation", "blog fig1")
+                    or (r["figure"] == "fig13" and r["chips"] == 1)]
+
+
+def test_the_paper_figures_are_checked_and_are_the_sweep_configs_choices() -> None:
+    import yaml
+
+    with pytest.raises(ValueError, match="choose one or more of fig10, fig13, multi_chip"):
+        paper_comparison(figures=["fig11"])
+    with pytest.raises(ValueError, match="none"):
+        paper_comparison(figures=[])
+    schema = yaml.safe_load((ROOT / "workflows" / "schemas" / "config.schema.yaml").read_text())
+    predictions = schema["definitions"]["sweep"]["properties"]["predictions"]["properties"]
+    assert predictions["figures"]["items"]["enum"] == list(paper.PAPER_FIGURES)
 
 
 @pytest.mark.slow

@@ -31,8 +31,9 @@ rule paper_comparison:
         f"{RES}/logs/predictions/paper_comparison.log",
     params:
         hardware=PRED["hardware"],
+        figures=f"--figures {','.join(PRED['figures'])}" if PRED.get("figures") else "",
     shell:
-        "{PY:q} {SCRIPTS}/predictions.py --hardware {params.hardware} --out {output:q} > {log:q} 2>&1"
+        "{PY:q} {SCRIPTS}/predictions.py --hardware {params.hardware} {params.figures} --out {output:q} > {log:q} 2>&1"
 
 
 rule validate_cost_model:

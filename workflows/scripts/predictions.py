@@ -13,16 +13,13 @@ import traceback
 from pathlib import Path
 
 
-def collect(hardware: str) -> dict:
-    out: dict = {"status": "ok", "hardware": hardware, "rows": [], "preset": None, "error": None}
+def collect(hardware: str, figures: list[str] | None = None) -> dict:
+    out: dict = {"status": "ok", "hardware": hardware, "rows": [], "preset": None, "error": None,
+                 "figures": figures}
     try:
         from superoffload.planner.paper import paper_comparison
 
-        try:
-            rows = paper_comparison(hardware)
-        except TypeError:  # an older signature without the hardware argument
-            rows = paper_comparison()
-        out["rows"] = [dict(r) for r in rows]
+        out["rows"] = [dict(r) for r in paper_comparison(hardware, figures)]
     except ImportError as e:
         out.update(status="unavailable", error=f"{type(e).__name__}: {e}")
     except Exception as e:  # noqa: BLE001 - a failing predictor is a result, not a crash
@@ -47,9 +44,19 @@ def collect(hardware: str) -> dict:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--hardware", default="gh200")
+    p.add_argument("--figures", default=None,
+                   help="comma-separated row groups of superoffload.planner.paper.PAPER_FIGURES (default: all)")
     p.add_argument("--out", required=True, type=Path)
     a = p.parse_args()
-    data = collect(a.hardware)
+    figures = None
+    if a.figures:
+        from superoffload.planner.paper import check_figures
+
+        try:
+            figures = list(check_figures(f.strip() for f in a.figures.split(",")))
+        except ValueError as e:
+            p.error(f"--figures: {e}")
+    data = collect(a.hardware, figures)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
     print(f"paper_comparison: {data['status']}, {len(data['rows'])} rows, {len(data['largest'])} largest-model rows")
