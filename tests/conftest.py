@@ -28,6 +28,11 @@ def pytest_configure(config):
         import tempfile
 
         os.environ["SUPEROFFLOAD_PEAK_CACHE"] = os.path.join(tempfile.mkdtemp(prefix="so-peak-"), "cpu_peak.json")
+    # a pytest-xdist worker (`make test` runs two) shares the cores with the other: one torch thread each, as every
+    # rank of the multi-rank tests has, or the two OpenMP teams spin-wait on each other's cores (an engine test
+    # of 7 s alone took 45 s beside the other worker). A test that wants more asks (--threads, set_num_threads).
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        torch.set_num_threads(1)
 
 
 # The suite's unit of work under pytest-xdist (`make test` runs `--dist loadgroup`): a worker takes a whole group,
