@@ -20,10 +20,10 @@ figures ablation nightly report calibrate: setup
 # tests/conftest.py); most tests wait on a subprocess's import and start-up, so two overlap well even on two cores
 TEST_WORKERS ?= 2
 test: setup
-	$(VENV)/python -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadgroup --durations=40 tests
+	$(VENV)/python -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadscope --durations=40 tests
 
 test-all: setup
-	$(VENV)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup tests
+	$(VENV)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope tests
 
 setup:
 	@scripts/bootstrap.sh bench,test

@@ -35,18 +35,28 @@ def pytest_configure(config):
         torch.set_num_threads(1)
 
 
-# The suite's unit of work under pytest-xdist (`make test` runs `--dist loadgroup`): a worker takes a whole group,
-# by default one test module, so a module-scoped fixture is computed once; a module that shares a session
-# fixture with another names a common group (the smoke sweep's: tests/workflow/test_e2e.py and
-# test_report_browser.py). Runs before xdist's own hook, which reads the groups.
+# The suite's unit of work under pytest-xdist (`make test` runs `--dist loadscope`): a worker takes a whole test
+# module, so a module-scoped fixture is computed once; the two modules that share the smoke sweep's session
+# fixture (tests/workflow/conftest.py) are one unit, or two workers would each run the sweep. (A scheduler of
+# our own rather than xdist_group marks: `--dist loadgroup` ignores them under pytest 9.2, pytest-xdist #1386.)
+SMOKE_SWEEP_MODULES = ("tests/workflow/test_e2e.py", "tests/workflow/test_report_browser.py")
 
 
-@pytest.hookimpl(tryfirst=True)
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return "smoke_sweep" if module in SMOKE_SWEEP_MODULES else module
+
+    return ModuleScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
-    if config.pluginmanager.hasplugin("xdist"):
-        for item in items:
-            if not any(item.iter_markers("xdist_group")):
-                item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")

@@ -10,13 +10,9 @@ import json
 import os
 from html import unescape
 
-import pytest
 from wf_helpers import SMOKE_ARGS, snakemake
 
 from reports import data as D
-
-# one worker runs both modules of the smoke sweep: they share its session fixture (tests/conftest.py)
-pytestmark = pytest.mark.xdist_group("smoke_sweep")
 
 
 def test_snakemake_all_smoke(smoke_results):

@@ -21,9 +21,6 @@ from wf_helpers import _record
 from reports import browser as B
 from reports import render as R
 
-# one worker runs both modules of the smoke sweep: they share its session fixture (tests/conftest.py)
-pytestmark = pytest.mark.xdist_group("smoke_sweep")
-
 
 def _browser_or_skip() -> None:
     why = B.browser_paths()
