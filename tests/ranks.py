@@ -34,7 +34,9 @@ def free_port() -> int:
 def rank_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """This process's environment for a rank: the repository on PYTHONPATH, one thread, no inherited
     rank variables."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+    # PYTHONFAULTHANDLER: a rank that dies of a signal leaves its Python stack in its log (one rank ended by
+    # SIGSEGV with an empty log once, under two test workers; not reproduced since)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     for k in _INHERITED:
         env.pop(k, None)
