@@ -64,3 +64,14 @@ def test_the_paper_figures_are_checked_and_are_the_sweep_configs_choices() -> No
 @pytest.mark.slow
 def test_paper_comparison_rows_computed_whole() -> None:
     _check_rows(paper_comparison())
+
+
+def test_the_workflows_predictions_script_refuses_an_unknown_figure_before_any_work(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    out = tmp_path / "pc.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "workflows" / "scripts" / "predictions.py"), "--figures",
+                           "fig10,fig11", "--out", str(out)], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 2 and "--figures: paper figures ['fig11']: choose one or more of fig10" in proc.stderr
+    assert not out.exists()
