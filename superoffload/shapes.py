@@ -95,28 +95,36 @@ class ModelShape:
         (the biases of an HF variant) is one more small tensor of the block. A tied LM head is the token
         embedding's tensor, listed once.
         """
-        h, f, kv = self.hidden, self.ffn_hidden, self.n_kv_heads * self.head_dim
-        if self.family == "gpt":
-            block = [h, h, h * (h + 2 * kv), h + 2 * kv, h * h, h, h, h, h * f, f, f * h, h]
-            final = [h, h]
-        else:
-            mlp = [h * f, h * f, f * h] if self.gated_mlp else [h * f, f * h]
-            block = [h * h, h * kv, h * kv, h * h, *mlp, h, h]
-            final = [h]
-        rest = self.block_params() - sum(block)
-        if rest > 0:
-            block.append(rest)
-        emb = self.embedding_params()
-        tok = self.vocab * h
-        top = [(EMBEDDING_UNIT, tok)] + ([(EMBEDDING_UNIT, emb - tok)] if emb > tok else [])
-        head = [] if self.tied_embeddings else [(FINAL_UNIT, self.head_params())]
-        return (top + [(block_unit(i), n) for i in range(self.layers) for n in block]
-                + [(FINAL_UNIT, n) for n in final] + head)
+        built = self.__dict__.get("_param_tensors")  # a plan reads it thousands of times: built once
+        if built is None:
+            built = _param_tensors(self)
+            object.__setattr__(self, "_param_tensors", built)  # frozen: a derived value, not a field
+        return list(built)
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["params"] = self.total_params()
         return d
+
+
+def _param_tensors(shape: ModelShape) -> tuple[tuple[str, int], ...]:
+    h, f, kv = shape.hidden, shape.ffn_hidden, shape.n_kv_heads * shape.head_dim
+    if shape.family == "gpt":
+        block = [h, h, h * (h + 2 * kv), h + 2 * kv, h * h, h, h, h, h * f, f, f * h, h]
+        final = [h, h]
+    else:
+        mlp = [h * f, h * f, f * h] if shape.gated_mlp else [h * f, f * h]
+        block = [h * h, h * kv, h * kv, h * h, *mlp, h, h]
+        final = [h]
+    rest = shape.block_params() - sum(block)
+    if rest > 0:
+        block.append(rest)
+    emb = shape.embedding_params()
+    tok = shape.vocab * h
+    top = [(EMBEDDING_UNIT, tok)] + ([(EMBEDDING_UNIT, emb - tok)] if emb > tok else [])
+    head = [] if shape.tied_embeddings else [(FINAL_UNIT, shape.head_params())]
+    return tuple(top + [(block_unit(i), n) for i in range(shape.layers) for n in block]
+                 + [(FINAL_UNIT, n) for n in final] + head)
 
 
 EMBEDDING_UNIT = "emb"

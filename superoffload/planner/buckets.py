@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from superoffload.packing import pack_pieces, tail_start
 from superoffload.shapes import EMBEDDING_UNIT, FINAL_UNIT, ModelShape, block_unit
@@ -35,10 +35,10 @@ class BucketGroup:
     real_buckets: int
     on_device: bool
     first_forward: bool = False  # among the first ``last_host`` host buckets in forward order
+    params: int = field(init=False)  # sum of the pieces (read for every op a bucket adds to a prediction)
 
-    @property
-    def params(self) -> int:
-        return sum(p for _, p in self.pieces)
+    def __post_init__(self) -> None:
+        self.params = sum(p for _, p in self.pieces)
 
     @property
     def last_unit(self) -> str:

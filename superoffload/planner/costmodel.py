@@ -414,6 +414,7 @@ class _Builder:
         self.shard = 1.0 / self.world if spec.shard_optimizer else 1.0
         self.gathered = set(range(self.layers)) if (spec.gather_per_layer and self.world > 1) else set()
         self.stream = (set(range(self.layers)) if spec.all_layers_stream else set(spec.flow_layers)) | self.gathered
+        self._streamed_units = {bk.layer_unit(i) for i in self.stream}
         self.marks: list[_IterMarks] = []
         # SuperOffload on a device that is the host: the bucket's landing buffer is its gradient buffer
         # and the parameters are views of the upload buffer (engine/bucket.py), so nothing crosses a "link"
@@ -794,7 +795,7 @@ class _Builder:
         return ops
 
     def _is_streamed(self, unit: str) -> bool:
-        return unit.startswith("L") and int(unit[1:]) in self.stream
+        return unit in self._streamed_units
 
 
 def _no_waits(unit: str) -> list[int]:

@@ -22,7 +22,7 @@ NET = "net"  # the collectives between chips (one communication stream; several 
 RESOURCES = (COMPUTE, D2H, H2D, HOST, NET)
 
 
-@dataclass
+@dataclass(slots=True)
 class Op:
     name: str
     resource: str | None
@@ -46,12 +46,16 @@ class Graph:
             kind: str = "", iteration: int = 0, priority: float | None = None) -> int:
         if duration < 0:
             raise ValueError(f"op {name!r} has negative duration {duration}")
-        deps = [d for d in (deps or []) if d is not None]
-        for d in deps:
-            if not 0 <= d < len(self.ops):
-                raise ValueError(f"op {name!r} depends on unknown op id {d}")
         oid = len(self.ops)
-        resource = self.aliases.get(resource, resource) if resource is not None else None
+        if deps:  # the cost model builds graphs of thousands of ops per prediction: checked in bulk
+            deps = [d for d in deps if d is not None] if None in deps else list(deps)  # the op's own list
+            if deps and (min(deps) < 0 or max(deps) >= oid):
+                bad = next(d for d in deps if not 0 <= d < oid)
+                raise ValueError(f"op {name!r} depends on unknown op id {bad}")
+        else:
+            deps = []
+        if resource is not None and self.aliases:
+            resource = self.aliases.get(resource, resource)
         self.ops.append(Op(name, resource, duration, deps, kind, iteration,
                            float(oid) if priority is None else priority))
         return oid
@@ -95,60 +99,70 @@ class Schedule:
 
 def simulate(graph: Graph) -> Schedule:
     """Run the list scheduler; raises ValueError on a dependency cycle."""
-    n = len(graph.ops)
+    ops = graph.ops
+    n = len(ops)
+    # the ops' fields as plain lists: the planner simulates hundreds of graphs of ~1000 ops per plan
+    resource = [op.resource for op in ops]
+    duration = [op.duration for op in ops]
+    priority = [op.priority for op in ops]
     succ: list[list[int]] = [[] for _ in range(n)]
     waiting = [0] * n
-    for i, op in enumerate(graph.ops):
+    for i, op in enumerate(ops):
         waiting[i] = len(op.deps)
         for d in op.deps:
             succ[d].append(i)
     start = [0.0] * n
     finish = [0.0] * n
     ready: dict[str | None, list[tuple[float, int]]] = defaultdict(list)
-    busy_until: dict[str, bool] = {}
+    busy: set[str] = set()
     running: list[tuple[float, int, int]] = []  # (finish time, tie-break, op)
+    push, pop = heapq.heappush, heapq.heappop
     counter = 0
     now = 0.0
     done = 0
 
-    def release(i: int) -> None:
-        heapq.heappush(ready[graph.ops[i].resource], (graph.ops[i].priority, i))
-
     for i in range(n):
         if waiting[i] == 0:
-            release(i)
+            push(ready[resource[i]], (priority[i], i))
+    # the resources whose state changed since they were last looked at (an op became ready on one, or
+    # one finished an op): only they can start something
+    changed: set[str | None] = set(ready)
 
     while True:
         # start everything that can start at `now`
-        for res, queue in ready.items():
+        for res in changed:
+            queue = ready[res]
             if res is None:
                 while queue:
-                    _, i = heapq.heappop(queue)
+                    _, i = pop(queue)
                     start[i] = now
                     counter += 1
-                    heapq.heappush(running, (now + graph.ops[i].duration, counter, i))
-            elif queue and not busy_until.get(res, False):
-                _, i = heapq.heappop(queue)
-                busy_until[res] = True
+                    push(running, (now + duration[i], counter, i))
+            elif queue and res not in busy:
+                _, i = pop(queue)
+                busy.add(res)
                 start[i] = now
                 counter += 1
-                heapq.heappush(running, (now + graph.ops[i].duration, counter, i))
+                push(running, (now + duration[i], counter, i))
+        changed.clear()
         if not running:
             break
         # complete every op that finishes at the next event time
         now = running[0][0]
         while running and running[0][0] <= now:
-            t, _, i = heapq.heappop(running)
+            t, _, i = pop(running)
             finish[i] = t
             done += 1
-            res = graph.ops[i].resource
+            res = resource[i]
             if res is not None:
-                busy_until[res] = False
+                busy.discard(res)
+                changed.add(res)
             for s in succ[i]:
                 waiting[s] -= 1
                 if waiting[s] == 0:
-                    release(s)
+                    push(ready[resource[s]], (priority[s], s))
+                    changed.add(resource[s])
     if done != n:
-        stuck = [graph.ops[i].name for i in range(n) if waiting[i] > 0][:5]
+        stuck = [ops[i].name for i in range(n) if waiting[i] > 0][:5]
         raise ValueError(f"dependency cycle: {n - done} ops never became ready, e.g. {stuck}")
     return Schedule(start, finish, graph)
