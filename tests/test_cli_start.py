@@ -1,0 +1,37 @@
+"""`superoffload COMMAND` imports only that command's module: the commands that need no torch start without it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from superoffload.cli.main import TOP_COMMANDS, build_parser
+
+# print which heavy modules the parse pulled in; --help exits through argparse after the parser is built
+PROBE = ("import sys\nfrom superoffload.cli.main import main\ntry:\n    main({argv!r})\nexcept SystemExit:\n    pass\n"
+         "print(sorted(m for m in ('torch', 'superoffload.cli.bench_run', 'superoffload.nightly.cli') "
+         "if m in sys.modules))")
+
+
+def _imported(argv: list[str]) -> list[str]:
+    out = subprocess.run([sys.executable, "-c", PROBE.format(argv=argv)], capture_output=True, text=True,
+                         check=True).stdout
+    return eval(out.strip().splitlines()[-1])  # a list literal this test printed
+
+
+@pytest.mark.parametrize("command", ["nightly", "explain", "validate"])
+def test_a_command_without_torch_starts_without_it(command):
+    assert "torch" not in _imported([command, "--help"])
+
+
+def test_one_command_named_imports_only_its_module_and_none_named_imports_all():
+    assert _imported(["-v", "nightly", "--help"]) == ["superoffload.nightly.cli"]
+    assert set(_imported(["--help"])) >= {"torch", "superoffload.cli.bench_run", "superoffload.nightly.cli"}
+
+
+def test_the_parser_for_one_command_parses_as_the_whole_one_does():
+    argv = ["nightly", "check", "--store", "h.sqlite"]
+    assert vars(build_parser(argv).parse_args(argv)).keys() == vars(build_parser().parse_args(argv)).keys()
+    assert set(TOP_COMMANDS) <= set(build_parser()._subparsers._group_actions[0].choices)
