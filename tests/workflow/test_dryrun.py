@@ -65,3 +65,20 @@ def test_default_profile_sets_cores_and_gpu_resource():
     prof = yaml.safe_load((ROOT / "profiles/default/config.yaml").read_text())
     assert prof["cores"] and prof["keep-going"] is True
     assert "gpu=1" in prof["resources"]
+
+
+def test_an_ablation_variant_that_repeats_another_is_measured_once(results_dir):
+    """Leave-one-out of the last technique has the options of the cumulative step before it: `ablation_same`
+    copies that run's record instead of a second `ablation_run`; every other variant is measured."""
+    order = yaml.safe_load((ROOT / "config/config.yaml").read_text())["ablation"]["order"]
+    proc = snakemake("-n", "ablation", "--config", f"results_dir={results_dir}")
+    jobs = {}  # output file name -> rule
+    for block in proc.stdout.split("\nrule ")[1:]:
+        rule = block.split(":", 1)[0].strip()
+        for line in block.splitlines():
+            if line.strip().startswith("output:"):
+                jobs[line.split(":", 1)[1].strip().rsplit("/", 1)[-1]] = rule
+    assert jobs[f"loo-{order[-1]}.json"] == "ablation_same", proc.stdout[-3000:]
+    assert jobs[f"cum{len(order) - 1}-{order[-2]}.json"] == "ablation_run"
+    assert [f for f, r in jobs.items() if r == "ablation_same"] == [f"loo-{order[-1]}.json"]
+    assert all(jobs[f"loo-{t}.json"] == "ablation_run" for t in order[:-1])

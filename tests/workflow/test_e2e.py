@@ -47,6 +47,11 @@ def test_snakemake_all_smoke(smoke_results):
         assert sp["system_stats"]["sequence"]["loss_tile"] == 64 and sp["run"]["offload_checkpoints"] is True
         assert "Long sequences: Ulysses sequence parallelism (1 ok" in html
         assert (res / "seqlen/seqlen.svg").stat().st_size > 0
+    # the smoke's ablation has one technique: its leave-one-out is the baseline's run, copied, not run again
+    variants = json.loads((res / "ablation/variants.json").read_text())["variants"]
+    assert variants["loo-speculation"]["same_as"] == "cum0-baseline"
+    ablation = res / "ablation"
+    assert (ablation / "loo-speculation.json").read_bytes() == (ablation / "cum0-baseline.json").read_bytes()
     prov = json.loads((res / "provenance/provenance.json").read_text())
     assert "git_commit" in prov and (res / "provenance/pip_freeze.txt").stat().st_size > 0
     assert len(list((res / "figures").glob("*.svg"))) >= 8

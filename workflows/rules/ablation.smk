@@ -20,6 +20,8 @@ rule ablation_variants:
 rule ablation_run:
     output:
         f"{RES}/ablation/{{variant}}.json",
+    wildcard_constraints:
+        variant="|".join(re.escape(v) for v in ABLATION_MEASURED),
     log:
         f"{RES}/logs/ablation/{{variant}}.log",
     benchmark:
@@ -43,3 +45,19 @@ rule ablation_run:
             dtype=AB["dtype"] or SW["dtype"], steps=config["steps_override"] or AB["steps"], warmup=AB["warmup"]),
     shell:
         "{params.cmd} > {log:q} 2>&1"
+
+
+# A variant with the options of an earlier one (common.smk: ablation_variants' `same_as`) is not measured
+# again: its record is that run's, copied under its own name.
+rule ablation_same:
+    input:
+        lambda wc: f"{RES}/ablation/{ABLATION[wc.variant]['same_as']}.json",
+    output:
+        f"{RES}/ablation/{{variant}}.json",
+    wildcard_constraints:
+        variant="|".join(re.escape(v) for v, d in ABLATION.items() if "same_as" in d) or "(?!)",
+    run:
+        tmp = Path(output[0] + ".tmp")
+        shutil.copyfile(input[0], tmp)
+        tmp.replace(output[0])
+

@@ -305,10 +305,21 @@ def ablation_variants():
         label = "-".join(f"{k}-{_slug(str(v))}" for k, v in sorted(alt.items()))
         variants[f"alt-{label}"] = {"kind": "alternative", "step": None, "technique": None,
                                     "options": {**all_on, **alt}}
+    # a variant with the options of an earlier one is that run, not another: leave-one-out of the last
+    # technique is always the cumulative step before it (with one technique, the baseline). It is measured
+    # once and its record copied (rule ablation_same), so both tables read one measurement.
+    seen = {}
+    for name, v in variants.items():
+        key = json.dumps(v["options"], sort_keys=True, default=str)
+        if key in seen:
+            v["same_as"] = seen[key]
+        else:
+            seen[key] = name
     return variants
 
 
 ABLATION = ablation_variants()
+ABLATION_MEASURED = [v for v, d in ABLATION.items() if "same_as" not in d]
 ABLATION_RECORDS = ([] if ONLY and config["ablation"]["system"] not in ONLY
                     else [f"{RES}/ablation/{v}.json" for v in ABLATION])
 
