@@ -36,10 +36,17 @@ def pytest_configure(config):
 
 
 # The suite's unit of work under pytest-xdist (`make test` runs `--dist loadscope`): a worker takes a whole test
-# module, so a module-scoped fixture is computed once; the two modules that share the smoke sweep's session
-# fixture (tests/workflow/conftest.py) are one unit, or two workers would each run the sweep. (A scheduler of
-# our own rather than xdist_group marks: `--dist loadgroup` ignores them under pytest 9.2, pytest-xdist #1386.)
+# module, so a module-scoped fixture is computed once. Modules that share a session-scoped fixture or a
+# process-level cache are one unit, or each worker computes it: the two that share the smoke sweep's run
+# (tests/workflow/conftest.py), and the planner modules that compute the paper's multi-chip rows (the session
+# fixture in tests/planner/conftest.py) and Fig 12 (cached per process in superoffload.planner.paper), each
+# most of a minute. (A scheduler of our own rather than xdist_group marks: `--dist loadgroup` ignores them
+# under pytest 9.2, pytest-xdist #1386.)
 SMOKE_SWEEP_MODULES = ("tests/workflow/test_e2e.py", "tests/workflow/test_report_browser.py")
+SHARED_UNITS = {
+    **{m: "smoke_sweep" for m in SMOKE_SWEEP_MODULES},
+    **{f"tests/planner/{m}.py": "planner_paper_rows" for m in ("test_paper", "test_planner_chips", "test_long_seq")},
+}
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -51,7 +58,7 @@ def pytest_xdist_make_scheduler(config, log):
     class ModuleScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             module = nodeid.split("::", 1)[0]
-            return "smoke_sweep" if module in SMOKE_SWEEP_MODULES else module
+            return SHARED_UNITS.get(module, module)
 
     return ModuleScheduling(config, log)
 
