@@ -28,11 +28,31 @@ def pytest_configure(config):
         import tempfile
 
         os.environ["SUPEROFFLOAD_PEAK_CACHE"] = os.path.join(tempfile.mkdtemp(prefix="so-peak-"), "cpu_peak.json")
+        if config.getoption("numprocesses", None):  # the controller of pytest-xdist workers, which inherit it
+            _keep_cpu_peaks()
     # a pytest-xdist worker (`make test` runs two) shares the cores with the other: one torch thread each, as every
     # rank of the multi-rank tests has, or the two OpenMP teams spin-wait on each other's cores (an engine test
     # of 7 s alone took 45 s beside the other worker). A test that wants more asks (--threads, set_num_threads).
     if os.environ.get("PYTEST_XDIST_WORKER"):
         torch.set_num_threads(1)
+
+
+def _keep_cpu_peaks() -> None:
+    """Measure and keep the session's CPU peaks (the MFU denominator of every run record) for the dtypes and
+    thread counts the tests' runs use, before the workers start. A figure measured while other processes load
+    the machine is not kept (superoffload/harness/peak.py), and beside a second worker it always is loaded: then
+    every run process measured it again (0.8 s for fp32, 1.5 s for bf16; 12 s for bf16 before the probe was
+    sized). Kept regardless of load here: in a test run it only divides."""
+    from superoffload.harness import peak
+
+    saved = torch.get_num_threads()
+    try:
+        for threads in sorted({1, min(2, os.cpu_count() or 1)}):
+            torch.set_num_threads(threads)
+            for dtype in (torch.float32, torch.bfloat16):
+                peak.store_cpu_peak(dtype, threads, peak.measure_cpu_peak_flops(dtype, threads), "test-session")
+    finally:
+        torch.set_num_threads(saved)
 
 
 # The suite's unit of work under pytest-xdist (`make test` runs `--dist loadscope`): a worker takes a whole test

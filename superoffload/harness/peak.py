@@ -34,14 +34,46 @@ def gpu_peak_flops(name: str) -> float | None:
     return gpu.peak_flops["bf16"] if gpu is not None else None
 
 
-@functools.lru_cache(maxsize=8)
-def measure_cpu_peak_flops(dtype: torch.dtype = torch.float32, threads: int = 1, n: int = 1024,
-                           seconds: float = 0.5) -> float:
-    """Best observed FLOP/s of an n x n matmul on the CPU; ``threads`` is the torch thread count in
-    force (part of the cache key: the peak scales with it)."""
+# The probe's matmul: 1024 x 1024, unless one would take longer than MAX_MATMUL_S at the rate a 256 x 256
+# one shows (a small matmul runs at a fraction of the large one's rate, so the bound is loose); then the
+# largest of PROBE_SIZES that would not. fp32 stays at 1024 (0.1 s at 21 GFLOP/s, one core of a 2-core
+# EPYC beside two busy loops); bf16 on a CPU without bf16 matmul units (0.35-0.45 GFLOP/s there at every
+# size: 6 s per 1024 matmul, two per probe, paid by every bf16 run whose figure the machine's load kept
+# from being kept) drops to 512.
+PROBE_SIZES = (1024, 512, 256)
+MAX_MATMUL_S = 1.0
+
+
+def probe_size(flops_per_s: float) -> int:
+    """The largest of PROBE_SIZES whose matmul takes at most MAX_MATMUL_S at ``flops_per_s``."""
+    for n in PROBE_SIZES:
+        if 2.0 * n**3 / flops_per_s <= MAX_MATMUL_S:
+            return n
+    return PROBE_SIZES[-1]
+
+
+def _mm_rate(dtype: torch.dtype, n: int) -> tuple[float, torch.Tensor, torch.Tensor]:
+    """(FLOP/s of one timed n x n matmul after a warm-up one, the operands)."""
     a = torch.randn(n, n).to(dtype)
     b = torch.randn(n, n).to(dtype)
     torch.mm(a, b)  # warm up the kernel choice
+    t0 = time.perf_counter()
+    torch.mm(a, b)
+    return 2.0 * n**3 / max(time.perf_counter() - t0, 1e-9), a, b
+
+
+@functools.lru_cache(maxsize=8)
+def measure_cpu_peak_flops(dtype: torch.dtype = torch.float32, threads: int = 1, n: int | None = None,
+                           seconds: float = 0.5) -> float:
+    """Best observed FLOP/s of an n x n matmul on the CPU (n: ``probe_size`` of a small one's rate unless
+    given); ``threads`` is the torch thread count in force (part of the cache key: the peak scales with it)."""
+    small = PROBE_SIZES[-1]
+    rate, a, b = _mm_rate(dtype, small)
+    n = probe_size(rate) if n is None else n
+    if n != small:
+        a = torch.randn(n, n).to(dtype)
+        b = torch.randn(n, n).to(dtype)
+        torch.mm(a, b)  # warm up the kernel choice
     best = 0.0
     deadline = time.perf_counter() + seconds
     while time.perf_counter() < deadline:

@@ -57,3 +57,13 @@ def test_a_plan_without_a_gpu_uses_this_machines_kept_matmul_rate_and_says_so(tm
     said = [r for r in plan.reasons if r.startswith("Hardware: this-cpu:")]
     assert len(said) == 1 and "matmul 12 GFLOP/s measured (cpu-peak-cache:calibrate:" in said[0]
     assert f"{usable_cpus()} usable CPUs" in said[0]
+
+
+def test_the_probe_is_sized_so_one_matmul_takes_at_most_a_second():
+    # fp32 on one loaded core (~5 GFLOP/s at 256, 21 at 1024) keeps the 1024 probe; bf16 without bf16 matmul
+    # units (~0.4 GFLOP/s: 5 s at 1024, 0.7 s at 512) takes 512; slower still, 256
+    assert peak.probe_size(5e9) == 1024
+    assert peak.probe_size(0.4e9) == 512
+    assert peak.probe_size(0.1e9) == 256 and peak.probe_size(1.0) == 256
+    peak.measure_cpu_peak_flops.cache_clear()
+    assert peak.measure_cpu_peak_flops(torch.bfloat16, 1, seconds=0.05) > 0

@@ -18,6 +18,8 @@ import argparse
 import datetime
 import hashlib
 import math
+import sys
+import traceback
 from pathlib import Path
 
 import torch
@@ -354,6 +356,12 @@ def main() -> None:
     try:
         res = SCENARIOS[a.scenario](a, a.rank, a.world)
         torch.save(res, Path(a.out) / f"rank{a.rank}.pt")
+    except BaseException:
+        # printed here, before the group is destroyed: a rank whose exception reached torch's excepthook after
+        # that once died there of SIGSEGV (under two test workers), and its log said nothing of what it raised
+        traceback.print_exc()
+        sys.stderr.flush()
+        raise
     finally:
         dist.destroy_process_group()
 
