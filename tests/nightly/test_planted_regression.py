@@ -19,6 +19,12 @@ from superoffload.nightly.store import History
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = CaseSpec("superoffload", "gpt-tiny", 32, 2, steps=4, warmup=1, threads=1, dtype="fp32")
 ANCHOR = '        ctx, h = self.ctx, self.host\n        assert h is not None\n'
+# per host-bucket kernel (~20 a step): a step of ~20-30 ms takes ~1 s, tokens/s ~1/35 of the good commit's. The
+# test runs beside another test worker, whose load alone made a good night 4.3x slower (a fresh-clone CI run):
+# the planted change must stand far above that, and the CI variant's rules ignore anything under 6x (FLOORS)
+PLANTED_SLEEP_S = 0.05
+TIMED = ("tokens_per_s", "step_s_median", "step_s_p90", "host_step_s")
+FLOORS = dict.fromkeys(TIMED, 5.0)
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -47,7 +53,7 @@ def _project_repo(dst: Path) -> dict[str, str]:
     bucket = dst / "superoffload" / "engine" / "bucket.py"
     text = bucket.read_text()
     assert text.count(ANCHOR) >= 1, "the planted slowdown's anchor in Bucket._run_kernel moved: update ANCHOR"
-    bucket.write_text(text.replace(ANCHOR, ANCHOR + "        time.sleep(0.01)  # planted slowdown\n", 1))
+    bucket.write_text(text.replace(ANCHOR, ANCHOR + f"        time.sleep({PLANTED_SLEEP_S})  # planted slowdown\n", 1))
     commits["slow"] = _commit(dst, "engine: a slower host pass")
     (dst / "NOTES.txt").write_text("another harmless change\n")
     commits["after"] = _commit(dst, "notes: another harmless change")
@@ -91,18 +97,19 @@ def _planted(tmp_path: Path, good_nights: int, repeats: int, cfg: R.RuleConfig, 
     print(f"\n{md}\n{res.message}\nratios to good: " + ", ".join(
         f"{name} {res.measured[sha].ratio:.3f}" for name, sha in c.items() if sha in res.measured))
     assert res.reproduced and res.first_bad == c["slow"], res.message
-    assert res.measured[c["slow"]].ratio < 0.7 and "engine: a slower host pass" in res.message
-    assert c["harmless"] in res.measured and res.measured[c["harmless"]].ratio > 0.6
+    assert res.measured[c["slow"]].ratio < 0.2 and "engine: a slower host pass" in res.message
+    # judged good, so no nearer the slow ratio than 1 (a quiet machine measures ~0.93; the other worker's load, less)
+    assert c["harmless"] in res.measured and res.measured[c["harmless"]].ratio > 0.2
     json.dumps(verdict)  # the verdict is plain JSON
 
 
 def test_a_planted_slowdown_is_reported_and_bisected(tmp_path):
-    """CI's version: three baseline nights of one repeat (the defaults want four), one bisection round. Three,
-    not two: the allowed band is 3 robust sigmas of the baseline nights' medians, and the MAD of two nights is
-    half their difference, so one good night measured while the other test worker loaded the cores (a third
-    of the other's speed) widened the band past the planted 9x slowdown; the MAD of three ignores one such
-    night."""
-    _planted(tmp_path, good_nights=3, repeats=1, cfg=R.RuleConfig(min_baseline=2), bisect_repeats=1)
+    """CI's version: three baseline nights of one repeat (the defaults want four), one bisection round, and
+    the timing bounds at 6x (FLOORS), so that the other test worker's load is no regression and the planted
+    ~35x is. Three nights, not two: the band is also 3 robust sigmas of the baseline nights' medians, and the
+    MAD of two nights is half their difference, so one loaded good night widened it past a 9x slowdown (failed
+    once under two workers); the MAD of three ignores one such night."""
+    _planted(tmp_path, good_nights=3, repeats=1, cfg=R.RuleConfig(min_baseline=2, floors=FLOORS), bisect_repeats=1)
 
 
 @pytest.mark.slow
