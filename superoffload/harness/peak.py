@@ -52,28 +52,29 @@ def probe_size(flops_per_s: float) -> int:
     return PROBE_SIZES[-1]
 
 
-def _mm_rate(dtype: torch.dtype, n: int) -> tuple[float, torch.Tensor, torch.Tensor]:
-    """(FLOP/s of one timed n x n matmul after a warm-up one, the operands)."""
+def _operands(dtype: torch.dtype, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two n x n operands, one matmul of them already run (the kernel choice warmed up)."""
     a = torch.randn(n, n).to(dtype)
     b = torch.randn(n, n).to(dtype)
-    torch.mm(a, b)  # warm up the kernel choice
-    t0 = time.perf_counter()
     torch.mm(a, b)
-    return 2.0 * n**3 / max(time.perf_counter() - t0, 1e-9), a, b
+    return a, b
 
 
 @functools.lru_cache(maxsize=8)
 def measure_cpu_peak_flops(dtype: torch.dtype = torch.float32, threads: int = 1, n: int | None = None,
                            seconds: float = 0.5) -> float:
-    """Best observed FLOP/s of an n x n matmul on the CPU (n: ``probe_size`` of a small one's rate unless
+    """Best observed FLOP/s of an n x n matmul on the CPU (n: ``probe_size`` of a 256 x 256 one's rate unless
     given); ``threads`` is the torch thread count in force (part of the cache key: the peak scales with it)."""
-    small = PROBE_SIZES[-1]
-    rate, a, b = _mm_rate(dtype, small)
-    n = probe_size(rate) if n is None else n
-    if n != small:
-        a = torch.randn(n, n).to(dtype)
-        b = torch.randn(n, n).to(dtype)
-        torch.mm(a, b)  # warm up the kernel choice
+    if n is None:
+        small = PROBE_SIZES[-1]
+        a, b = _operands(dtype, small)
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        n = probe_size(2.0 * small**3 / max(time.perf_counter() - t0, 1e-9))
+        if n != small:
+            a, b = _operands(dtype, n)
+    else:
+        a, b = _operands(dtype, n)
     best = 0.0
     deadline = time.perf_counter() + seconds
     while time.perf_counter() < deadline:
