@@ -1,5 +1,5 @@
 import sys
 
-from superoffload.cli.main import main
+from superoffload.cli.main import console
 
-sys.exit(main())
+sys.exit(console())
