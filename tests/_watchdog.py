@@ -23,6 +23,8 @@ from pathlib import Path
 
 import psutil
 
+from tests import warm
+
 # A blocked process tree (gloo waiting on a socket, an idle OpenMP pool, DeepSpeed's worker on its queue) uses
 # well under 1 % of a core; a working one, even sharing two cores with two busy loops, a third of one or more
 MIN_CPU_SHARE = 0.05
@@ -125,14 +127,16 @@ def _ended(proc: subprocess.Popen) -> bool:
 
 def run(cmd: Sequence[str], *, stall_s: float = HANG_S, watch: Iterable[Path] = (), cpu: bool = True,
         cwd: str | Path | None = None, env: dict[str, str] | None = None,
-        check: bool = False) -> subprocess.CompletedProcess:
+        check: bool = False, warm_start: bool = True) -> subprocess.CompletedProcess:
     """``subprocess.run(cmd, capture_output=True, text=True, check=check)`` that raises Stalled (a
     TimeoutExpired) after ``stall_s`` seconds without progress instead of after a fixed time. The output goes
-    through files, so it counts as progress and a chatty process never blocks on a full pipe."""
+    through files, so it counts as progress and a chatty process never blocks on a full pipe. ``warm_start``:
+    a Python command starts from an interpreter with torch imported (tests/warm.py)."""
     with tempfile.TemporaryDirectory(prefix="watchdog-") as d:
         out, err = Path(d, "stdout"), Path(d, "stderr")
         with open(out, "w") as fo, open(err, "w") as fe:
-            proc = subprocess.Popen(list(cmd), stdout=fo, stderr=fe, stdin=subprocess.DEVNULL, cwd=cwd, env=env)
+            proc = (warm.popen(cmd, stdout=fo, stderr=fe, cwd=cwd, env=env) if warm_start else
+                    subprocess.Popen(list(cmd), stdout=fo, stderr=fe, stdin=subprocess.DEVNULL, cwd=cwd, env=env))
             try:
                 progress = Progress([proc.pid], [out, err, *watch], cpu)
                 while not _ended(proc):

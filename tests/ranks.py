@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests import warm
 from tests._watchdog import Progress, kill_tree
 
 REPO = Path(__file__).resolve().parents[1]
@@ -60,19 +61,22 @@ class Ended:
 
 def launch(world: int, command: Callable[[int], list[str]], out: Path, *, env: dict[str, str] | None = None,
            timeout: float = 240.0, wait_for: Iterable[int] | None = None,
-           rank_vars: Callable[[int], dict[str, str]] | None = None) -> Ended:
+           rank_vars: Callable[[int], dict[str, str]] | None = None, warm_start: bool = True) -> Ended:
     """Run ``command(rank)`` (argv after the Python interpreter) for every rank, from the repository root.
     ``timeout``: seconds without progress (module docstring) after which every rank still running is killed.
     ``wait_for``: the ranks whose end is awaited (default all); the others are killed once those have ended.
-    ``rank_vars(rank)``: environment variables of that rank only (torchrun's RANK etc.)."""
+    ``rank_vars(rank)``: environment variables of that rank only (torchrun's RANK etc.). ``warm_start``: each
+    rank forked from an interpreter with torch imported (tests/warm.py), else started cold."""
     out.mkdir(parents=True, exist_ok=True)
     env = env if env is not None else rank_env()
     procs = []
     t0 = time.monotonic()
     for rank in range(world):
         log = open(out / f"rank{rank}.log", "w")  # noqa: SIM115 - closed below
-        procs.append((subprocess.Popen([sys.executable, *command(rank)], stdout=log, stderr=subprocess.STDOUT,
-                                       cwd=REPO, env={**env, **(rank_vars(rank) if rank_vars else {})}), log))
+        argv, renv = [sys.executable, *command(rank)], {**env, **(rank_vars(rank) if rank_vars else {})}
+        procs.append((warm.popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=renv, slot=rank)
+                      if warm_start else
+                      subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=renv), log))
     awaited = list(range(world) if wait_for is None else wait_for)
     ended: list[float | None] = [None] * world
     killed = [False] * world

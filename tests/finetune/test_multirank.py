@@ -14,6 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from superoffload.harness import record
+from tests import warm
 from tests.ranks import REPO, free_port, launch, rank_env
 
 COMMON = ["--max-length", "64", "--lr", "3e-3", "--warmup-steps", "2", "--threads", "1", "--no-progress",
@@ -96,7 +97,7 @@ def test_two_rank_checkpoint_resumes_exactly_and_reshards(two_rank_run, tmp_path
 
 def test_resume_with_another_global_batch_is_refused(two_rank_run, tmp_path):
     model, data, out = two_rank_run
-    r = subprocess.run([sys.executable, "-m", "superoffload", "finetune", *COMMON, "--model", str(model), "--data",
+    r = warm.run([sys.executable, "-m", "superoffload", "finetune", *COMMON, "--model", str(model), "--data",
                         str(data), "--steps", "6", "--batch", "1", "--grad-accum", "2", "--out", str(out),
                         "--resume"], capture_output=True, text=True, cwd=REPO, env=rank_env())
     assert r.returncode == 2

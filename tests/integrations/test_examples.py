@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import pytest
 
+from tests import warm
 from tests.ranks import REPO, rank_env
 
 EXAMPLES = {
@@ -21,8 +21,8 @@ EXAMPLES = {
 @pytest.mark.parametrize("script", sorted(EXAMPLES))
 def test_example_runs(script, tmp_path):
     argv = [a.format(tmp=tmp_path) for a in EXAMPLES[script]]
-    res = subprocess.run([sys.executable, f"examples/{script}", "--steps", "2", *argv], cwd=REPO, env=rank_env(),
-                         capture_output=True, text=True, timeout=300)
+    res = warm.run([sys.executable, f"examples/{script}", "--steps", "2", *argv], cwd=REPO, env=rank_env(),
+                   capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-4000:]
 
 
@@ -34,6 +34,6 @@ def test_the_readme_torch_loop_runs(tmp_path):
     code = code[:code.index("```")]
     script = tmp_path / "readme_loop.py"
     script.write_text(code)
-    res = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=rank_env(), capture_output=True, text=True,
-                         timeout=300)
+    res = warm.run([sys.executable, str(script)], cwd=tmp_path, env=rank_env(), capture_output=True, text=True,
+                   timeout=300)
     assert res.returncode == 0, res.stderr[-4000:]

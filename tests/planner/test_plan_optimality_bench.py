@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from superoffload.harness.record import read_result
+from tests import warm
 from tests.ranks import REPO, rank_env
 
 SCRIPT = REPO / "benchmarks" / "plan_optimality.py"
@@ -27,8 +28,8 @@ def _load():
 
 
 def _run(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *argv], cwd=REPO, env=rank_env(), capture_output=True,
-                          text=True, timeout=600)
+    return warm.run([sys.executable, str(SCRIPT), *argv], cwd=REPO, env=rank_env(), capture_output=True, text=True,
+                    timeout=600)
 
 
 def test_small_variant_measures_the_grid_and_resumes(tmp_path) -> None:

@@ -20,6 +20,7 @@ from safetensors.torch import load_file
 
 from superoffload.finetune.stop import EXIT_PREEMPTED
 from superoffload.harness import record
+from tests import warm
 from tests.ranks import REPO, free_port, launch, rank_env
 
 INJECT = Path(__file__).with_name("inject.py")
@@ -35,8 +36,8 @@ def argv(model: Path, data: Path, out: Path, *extra: str, steps: int = STEPS) ->
 
 
 def finetune(args: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "superoffload", "finetune", *args], cwd=REPO, env=rank_env(),
-                          capture_output=True, text=True, timeout=timeout)
+    return warm.run([sys.executable, "-m", "superoffload", "finetune", *args], cwd=REPO, env=rank_env(),
+                    capture_output=True, text=True, timeout=timeout)
 
 
 def result(out: Path) -> tuple[list, dict[str, torch.Tensor]]:
@@ -74,8 +75,8 @@ POINTS = ["engine-half", "before-latest", pytest.param("before-record", marks=SL
 def test_a_kill_at_any_point_of_a_save_resumes_bit_identically(point, tiny_run, reference, tmp_path):
     model, data = tiny_run
     out = tmp_path / "run"
-    killed = subprocess.run([sys.executable, str(INJECT), point, "4", "--", *argv(model, data, out)], cwd=REPO,
-                            env=rank_env(), capture_output=True, text=True, timeout=300)
+    killed = warm.run([sys.executable, str(INJECT), point, "4", "--", *argv(model, data, out)], cwd=REPO,
+                      env=rank_env(), capture_output=True, text=True, timeout=300)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     res = finetune(argv(model, data, out, "--resume"))
     assert res.returncode == 0, res.stderr[-3000:]
@@ -221,9 +222,9 @@ def test_a_preemption_signal_checkpoints_at_the_step_and_resumes_bit_identically
     out = tmp_path / "run"
     log = tmp_path / "stderr.log"
     with open(log, "w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "superoffload", "finetune",
-                                 *argv(model, data, out, "--save-every", "100", steps=LONG)], cwd=REPO,
-                                env=rank_env(), stdout=subprocess.DEVNULL, stderr=err, text=True)
+        proc = warm.popen([sys.executable, "-m", "superoffload", "finetune",
+                           *argv(model, data, out, "--save-every", "100", steps=LONG)], cwd=REPO, env=rank_env(),
+                          stdout=subprocess.DEVNULL, stderr=err)
         _wait_for(log.read_text, f"step 2/{LONG}")
         proc.send_signal(sig)
         rc = proc.wait(timeout=120)
@@ -253,7 +254,8 @@ def test_a_signal_to_one_of_two_ranks_stops_both_at_the_same_step(resume, tiny_r
         return launch(2, lambda r: ["-m", "superoffload", "finetune", *argv(model, data, out, "--batch", "1",
                                                                              "--save-every", "100", *extra,
                                                                              steps=LONG)],
-                      out.parent / f"logs-{out.name}-{len(extra)}", env=env, rank_vars=ranks, timeout=300)
+                      out.parent / f"logs-{out.name}-{len(extra)}", env=env, rank_vars=ranks, timeout=300,
+                      warm_start=False)  # cold: rank 1 is found by its /proc environ, a forked child has none
 
     out = tmp_path / "run"
     import threading

@@ -33,7 +33,8 @@ def snakemake(*args: str, stall_s: float = watchdog.HANG_S, check: bool = True,
     No fixed time limit: it is killed, with its jobs, only after ``stall_s`` seconds in which neither it nor a
     job printed anything or used CPU (tests/_watchdog.py), so a hang fails the test and a busy machine does not."""
     env = {**os.environ, **(env or {}), "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = watchdog.run([*SNAKEMAKE, "--nolock", *args], stall_s=stall_s, cwd=ROOT, env=env)
+    # started cold, as a user starts it: snakemake imports no torch, and its jobs are its own processes
+    proc = watchdog.run([*SNAKEMAKE, "--nolock", *args], stall_s=stall_s, cwd=ROOT, env=env, warm_start=False)
     if check and proc.returncode != 0:
         raise AssertionError(
             f"snakemake {' '.join(args)} failed ({proc.returncode}):\n"
