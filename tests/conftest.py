@@ -69,15 +69,6 @@ SHARED_UNITS = {
 }
 
 
-# The units that take longest (summed `--durations=0` of a quiet `make test` on 2 cores: 100-180 s each), handed
-# out first. xdist orders units by their number of tests, which put the one-test smoke sweep and planted
-# regression last: one worker ran them for minutes while the other had nothing left (longest-first keeps the
-# end of the run to short modules on both).
-LONGEST_FIRST = ("smoke_sweep", "tests/engine/test_multirank.py", "tests/nightly/test_planted_regression.py",
-                 "planner_paper_rows", "tests/harness/test_bench_memory.py", "tests/workflow/test_nightly.py",
-                 "tests/baselines/test_baselines_dist.py", "tests/engine/test_speculation.py")
-
-
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     if config.getvalue("dist") != "loadscope":
@@ -88,12 +79,6 @@ def pytest_xdist_make_scheduler(config, log):
         def _split_scope(self, nodeid: str) -> str:
             module = nodeid.split("::", 1)[0]
             return SHARED_UNITS.get(module, module)
-
-        def _assign_work_unit(self, node) -> None:
-            for unit in reversed(LONGEST_FIRST):  # a no-op once they are handed out
-                if unit in self.workqueue:
-                    self.workqueue.move_to_end(unit, last=False)
-            super()._assign_work_unit(node)
 
     return ModuleScheduling(config, log)
 
