@@ -396,7 +396,7 @@ def run(cmd: Sequence[str], *, cwd: str | Path | None = None, env: dict[str, str
             proc = popen(cmd, cwd=cwd, env=env, stdout=out, stderr=err)
             try:
                 rc = proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
+            except BaseException:  # a timeout, pytest-timeout, Ctrl-C: subprocess.run leaves no child behind
                 proc.kill()
                 proc.wait()
                 raise
