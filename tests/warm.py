@@ -1,9 +1,10 @@
 """Start the tests' Python subprocesses from an interpreter that has already imported torch.
 
-Most of a test's subprocess is start-up: on a 2-core CI machine ``import torch`` takes ~3.5 s and the first
+Most of a test's subprocess is start-up: on a 2-core CI machine ``import torch`` takes ~3 s and the first
 torch optimizer imports ``torch._dynamo`` (``torch._disable_dynamo`` wraps ``Optimizer.add_param_group``),
-another ~3.7 s; a fine-tune also imports transformers (~2 s). A multi-rank test starts two such processes
-per run, a fault test a few per case: imports were about half of the suite's CPU time.
+another ~1.7-3.7 s; a fine-tune also imports transformers (~3 s); the exit's garbage collection over all of
+it ~1-2 s more. A multi-rank test starts two such processes per run, a fault test a few per case: start and
+exit were about two fifths of the suite's CPU time (docs/results.md, eighteenth session).
 
 So a *zygote* (the pattern of Android's app start and of Python's multiprocessing forkserver) imports them
 once and forks a child per command; the child becomes ``python SCRIPT ARGS`` or ``python -m MODULE ARGS``:
