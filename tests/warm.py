@@ -201,12 +201,12 @@ class _Zygote:
         if self.ready is None:
             line = ""
             t0 = time.monotonic()
-            while time.monotonic() - t0 < READY_S and self.proc.poll() is None:
-                sel = selectors.DefaultSelector()
+            with selectors.DefaultSelector() as sel:
                 sel.register(self.proc.stdout, selectors.EVENT_READ)
-                if sel.select(timeout=1.0):
-                    line = self.proc.stdout.readline()
-                    break
+                while time.monotonic() - t0 < READY_S and self.proc.poll() is None:
+                    if sel.select(timeout=1.0):
+                        line = self.proc.stdout.readline()
+                        break
             self.ready = line.strip() == "ready"
             if not self.ready:
                 self.close()
@@ -277,10 +277,10 @@ class WarmProcess:
         return self.returncode
 
     def _wait(self, timeout: float | None) -> None:
-        sel = selectors.DefaultSelector()
-        sel.register(self._conn, selectors.EVENT_READ)
-        if not sel.select(timeout=timeout):
-            raise TimeoutError
+        with selectors.DefaultSelector() as sel:  # closed at once: a launcher polls every 50 ms
+            sel.register(self._conn, selectors.EVENT_READ)
+            if not sel.select(timeout=timeout):
+                raise TimeoutError
         try:
             self.returncode = int(_recv_msg(self._conn)["returncode"])
         except (EOFError, OSError, KeyError) as e:  # the zygote died: the child's status is lost
