@@ -70,10 +70,13 @@ def launch(world: int, command: Callable[[int], list[str]], out: Path, *, env: d
     out.mkdir(parents=True, exist_ok=True)
     env = env if env is not None else rank_env()
     procs = []
+    envs = [{**env, **(rank_vars(rank) if rank_vars else {})} for rank in range(world)]
+    if warm_start:
+        warm.prestart(envs)
     t0 = time.monotonic()
-    for rank in range(world):
+    for rank, renv in enumerate(envs):
         log = open(out / f"rank{rank}.log", "w")  # noqa: SIM115 - closed below
-        argv, renv = [sys.executable, *command(rank)], {**env, **(rank_vars(rank) if rank_vars else {})}
+        argv = [sys.executable, *command(rank)]
         procs.append((warm.popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=renv, slot=rank)
                       if warm_start else
                       subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=renv), log))

@@ -95,3 +95,20 @@ def test_what_cannot_fork_safely_starts_cold(script, tmp_path, e, monkeypatch):
     full = {k: v for k, v in env(**e).items() if v != ""}
     p = warm.popen([sys.executable, str(script), "ok"], cwd=tmp_path, env=full, stdout=subprocess.DEVNULL)
     assert isinstance(p, subprocess.Popen) and p.wait(timeout=120) == 0
+
+
+def test_a_jobs_zygotes_start_side_by_side_and_a_compile_changes_no_key(tmp_path):
+    """launch() asks for every rank's zygote before waiting for any, so their imports run side by side; the
+    variable torch sets in a test process at its first compile leaves the key as it was."""
+    e = env(PYTHONWARMTEST=str(tmp_path))  # a key of its own: new zygotes, closed below before their imports end
+    keys = [(warm.start_up_key(e), slot) for slot in (0, 1)]
+    warm.prestart([e, {**e, "RANK": "1"}])
+    try:
+        zygotes = [warm._zygotes[k] for k in keys]
+        assert all(z.ready is None and z.proc.poll() is None for z in zygotes)  # both importing, none awaited
+    finally:
+        with warm._lock:
+            for k in keys:
+                if k in warm._zygotes:
+                    warm._zygotes.pop(k).close()
+    assert warm.start_up_key({**e, "TORCHINDUCTOR_CACHE_DIR": "/elsewhere"}) == warm.start_up_key(e)

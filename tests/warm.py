@@ -63,8 +63,13 @@ MAX_ZYGOTES = 4
 READY_S = 300.0  # a zygote's imports on a loaded machine; a zygote that never gets ready falls back to cold
 
 
+# ... but not these, read when used: torch sets TORCHINDUCTOR_CACHE_DIR in a test process at its first compile,
+# and keying on it started a second set of zygotes for every later command of that test worker
+NOT_START_UP = ("TORCHINDUCTOR_CACHE_DIR",)
+
+
 def start_up_key(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
-    return tuple(sorted((k, v) for k, v in env.items() if k.startswith(START_UP_PREFIXES)))
+    return tuple(sorted((k, v) for k, v in env.items() if k.startswith(START_UP_PREFIXES) and k not in NOT_START_UP))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -236,6 +241,37 @@ def _close_all() -> None:
     _zygotes.clear()
 
 
+def _start(key: tuple) -> _Zygote | None:
+    """A new zygote for ``key`` (its imports under way), evicting the least recently used idle one when the
+    limit is reached; None when every zygote has a child running. Called with _lock held."""
+    if len(_zygotes) >= MAX_ZYGOTES:
+        idle = next((k for k, old in _zygotes.items() if old.running == 0), None)
+        if idle is None:
+            return None
+        _zygotes.pop(idle).close()
+    zenv = dict(key[0])
+    # each slot its own hash seed, as each fresh process has (unless the caller fixes it)
+    zenv.setdefault("PYTHONHASHSEED", str(random.randrange(1, 2**32 - 1)))
+    z = _zygotes[key] = _Zygote(zenv)
+    return z
+
+
+def _forkable(env: dict[str, str]) -> bool:
+    # torch starts an OpenMP pool at import unless it is told to use one thread, and a threaded zygote cannot
+    # fork (it would refuse each request after an import of ~8 s): only the one-thread commands start warm
+    return env.get("OMP_NUM_THREADS") == "1" and os.environ.get(COLD_ENV) != "1"
+
+
+def prestart(envs: Sequence[dict[str, str]]) -> None:
+    """Start the zygotes that the ranks of one job (``envs[rank]``, slot = rank) will ask for and that do not
+    exist yet, without waiting: their imports run side by side instead of one rank's after the other's."""
+    with _lock:
+        for slot, env in enumerate(envs):
+            key = (start_up_key(env), slot)
+            if _forkable(env) and key not in _cold and key not in _zygotes and _start(key) is None:
+                return
+
+
 def _zygote(env: dict[str, str], slot: int) -> _Zygote | None:
     key = (start_up_key(env), slot)
     with _lock:
@@ -245,15 +281,9 @@ def _zygote(env: dict[str, str], slot: int) -> _Zygote | None:
         if z is not None:
             _zygotes.move_to_end(key)
         else:
-            if len(_zygotes) >= MAX_ZYGOTES:
-                idle = next((k for k, old in _zygotes.items() if old.running == 0), None)
-                if idle is None:
-                    return None
-                _zygotes.pop(idle).close()
-            zenv = dict(key[0])
-            # each slot its own hash seed, as each fresh process has (unless the caller fixes it)
-            zenv.setdefault("PYTHONHASHSEED", str(random.randrange(1, 2**32 - 1)))
-            z = _zygotes[key] = _Zygote(zenv)
+            z = _start(key)
+            if z is None:
+                return None
         if not z.wait_ready():
             _zygotes.pop(key)
             _cold.add(key)
@@ -343,10 +373,7 @@ def popen(cmd: Sequence[str], *, cwd: str | Path | None = None, env: dict[str, s
     env = dict(env if env is not None else os.environ)
     argv = _target(cmd)
     pipes = subprocess.PIPE in (stdin, stdout, stderr)
-    # torch starts an OpenMP pool at import unless it is told to use one thread, and a threaded zygote cannot
-    # fork (it would refuse each request after an import of ~8 s): only the one-thread commands start warm
-    forkable = argv is not None and not pipes and env.get("OMP_NUM_THREADS") == "1"
-    z = _zygote(env, slot) if forkable and os.environ.get(COLD_ENV) != "1" else None
+    z = _zygote(env, slot) if argv is not None and not pipes and _forkable(env) else None
     if z is None:
         return subprocess.Popen(list(cmd), cwd=cwd, env=env, stdin=stdin, stdout=stdout, stderr=stderr)
     script = argv[0] != "-m"

@@ -1,5 +1,9 @@
-"""World size 2 (torchrun, gloo) against world size 1 on the same global batch, for every system (torch as
-DDP, the engine sharded over the ranks); the CLI end to end.
+"""World size 2 (gloo) against world size 1 on the same global batch, for every system (torch as DDP, the
+engine sharded over the ranks); the CLI end to end.
+
+torch's DDP runs under torchrun itself; the others under tests/ranks.py's launcher with the variables
+torchrun gives a rank (RANK, WORLD_SIZE, MASTER_ADDR ...), so their ranks start warm (tests/warm.py): what
+they test is the system on two ranks, and a torchrun start costs a cold interpreter per rank plus its own.
 
 Each rank's loss is the mean over its half of the global batch, so the mean of the two ranks' losses is
 the world-1 loss of the whole batch. Gradients are averaged across ranks in fp32, which only changes
@@ -19,6 +23,7 @@ from _global_batch_driver import run_global_batch
 
 from superoffload.harness.system import RunConfig
 from tests import _watchdog as watchdog
+from tests.ranks import free_port, launch, rank_env
 
 HERE = Path(__file__).parent
 TOL = 1e-3
@@ -44,6 +49,16 @@ def _torchrun(cfg: dict, out: Path) -> list[dict]:
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
 
 
+def _launched(cfg: dict, out: Path) -> list[dict]:
+    """The job of _torchrun, its two ranks started by tests/ranks.py with torchrun's variables."""
+    env = rank_env({"GLOO_SOCKET_IFNAME": "lo", "SUPEROFFLOAD_DIST_TIMEOUT_S": "60", "MASTER_ADDR": "127.0.0.1",
+                    "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"})
+    ended = launch(2, lambda rank: [str(HERE / "_global_batch_driver.py"), json.dumps(cfg), str(out)], out / "logs",
+                   env=env, rank_vars=lambda rank: {"RANK": str(rank), "LOCAL_RANK": str(rank)})
+    assert not ended.failed(), ended.report(f"{cfg['system']} on two ranks")
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+
+
 @pytest.mark.parametrize(("system", "grad_clip"), [
     ("zero_offload", 0.0),
     ("fsdp_offload", 1.0),
@@ -58,7 +73,7 @@ def test_world_size_2_matches_world_size_1(system: str, grad_clip: float, tmp_pa
     cfg = {**CFG, "system": system, "grad_clip": grad_clip}
     if system == "superoffload":
         cfg["system_options"] = {"bucket_size": 65536}
-    ranks = _torchrun({**cfg, "batch": 2}, tmp_path)
+    ranks = (_torchrun if system == "torch" else _launched)({**cfg, "batch": 2}, tmp_path)
     one = run_global_batch(RunConfig(**{**cfg, "batch": 4, "threads": 2}))
     assert one["status"] == "ok", one["error"]
     assert [r["world_size"] for r in ranks] == [2, 2]

@@ -342,26 +342,6 @@ def test_explain_bad_long_sequence_input_is_one_line(capsys, argv, says) -> None
     assert out == "" and err.count("\n") == 1 and says in err
 
 
-# ------------------------------------------------------------------------------------------ Fig 12
-def test_fig12_rows() -> None:
-    from superoffload.planner.paper import FIG12_SEQS, fig12_rows, fig12_table
-
-    rows = fig12_rows(GH)
-    assert {r["chips"] for r in rows} == {4, 8} and {r["figure"] for r in rows} == {"fig12"}
-    mfu = [r for r in rows if r["metric"] == "mfu" and r["paper"] is None]
-    assert len(mfu) == 2 * 2 * len(FIG12_SEQS)
-    labelled = [r for r in rows if r["paper"] is not None]
-    assert {(r["metric"], r["paper"], r["paper_status"]) for r in labelled} == {
-        ("mfu", 0.55, "V"), ("megatron_formula_mfu", 0.55, "V"), ("superoffload/ulysses", 8.0, "S")}
-    for r in labelled:
-        assert r["predicted"] is not None and r["rel_error"] is not None
-    longest = {(r["chips"], r["point"].split()[-1]): r["predicted"] for r in rows if r["metric"] == "longest_seq"}
-    assert longest[(8, "superoffload")] == M1  # the paper's headline point fits
-    for chips in (4, 8):
-        assert longest[(chips, "superoffload")] >= longest[(chips, "ulysses")]
-    assert "| 1,048,576 |" in fig12_table(rows)
-
-
 def test_one_kv_repeat_rule_for_the_planner_and_the_sequence_package() -> None:
     """The planner prices the rule the sequence package runs: one function (superoffload.shapes), which checks
     the heads against the KV heads on both sides."""

@@ -1,7 +1,13 @@
-"""The paper comparison: shape of the rows, and that the numbers are finite."""
+"""The paper comparison: shape of the rows, and that the numbers are finite.
+
+Every test of the paper's row groups lives here, so that one test worker computes the costly ones once: the
+multi-chip rows (Fig 11 and Fig 13 at 4 and 16 chips; ~45 s on one core) through this module's fixture, and
+Fig 12's (~25 s) through superoffload.planner.paper's own cache. Spread over modules, the scheduler could put
+them on two workers, each computing them (pytest-xdist --dist loadscope keeps a module on one worker)."""
 
 from __future__ import annotations
 
+import copy
 import math
 from pathlib import Path
 from typing import Any
@@ -10,9 +16,23 @@ import pytest
 
 from superoffload.planner import paper
 from superoffload.planner.hardware import HardwareProfile
-from superoffload.planner.paper import format_table, paper_comparison
+from superoffload.planner.paper import format_table, largest_model, multi_chip_rows, paper_comparison
+from superoffload.planner.presets import get_profile
 
 ROOT = Path(__file__).resolve().parents[2]
+GH = get_profile("gh200")
+M1 = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def _gh200_multi_chip_rows() -> list[dict[str, Any]]:
+    return multi_chip_rows(GH)
+
+
+@pytest.fixture
+def gh200_multi_chip_rows(_gh200_multi_chip_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """multi_chip_rows(gh200), computed once for this module: a copy per test, so no test sees another's edits."""
+    return copy.deepcopy(_gh200_multi_chip_rows)
 
 
 def _check_rows(rows: list[dict[str, Any]]) -> None:
@@ -29,8 +49,8 @@ def _check_rows(rows: list[dict[str, Any]]) -> None:
 
 
 def test_paper_comparison_rows(monkeypatch, gh200_multi_chip_rows) -> None:
-    """The multi-chip rows are the session's (conftest.py; their own test is in test_planner_chips.py), computed
-    once for both tests; the rest of the comparison is computed here. The slow twin computes it all."""
+    """The multi-chip rows are the module's (their own test is test_paper_multi_chip_rows), computed once for
+    both tests; the rest of the comparison is computed here. The slow twin computes it all."""
     asked: list[str] = []
 
     def multi_chip_rows(hw: HardwareProfile) -> list[dict[str, Any]]:
@@ -75,3 +95,36 @@ def test_the_workflows_predictions_script_refuses_an_unknown_figure_before_any_w
                            "fig10,fig11", "--out", str(out)], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 2 and "--figures: paper figures ['fig11']: choose one or more of fig10" in proc.stderr
     assert not out.exists()
+
+
+def test_paper_multi_chip_rows(gh200_multi_chip_rows) -> None:
+    rows = gh200_multi_chip_rows
+    fig11 = [r for r in rows if r["figure"] == "fig11"]
+    assert {r["chips"] for r in fig11} == {4, 16}
+    claims = [r for r in fig11 if r["paper"] is not None]
+    assert {r["metric"] for r in claims} >= {"superoffload/zero_offload", "superoffload/torch - 1"}
+    for r in claims:
+        if r["predicted"] is not None:
+            assert math.isfinite(r["rel_error"]) and r["paper_status"] == "S"
+    sizes = [largest_model("superoffload", GH, c)[1] for c in (1, 4, 16)]
+    assert sizes[0] < sizes[1] <= sizes[2]
+    assert {r["chips"] for r in rows if r["figure"] == "fig13"} == {4, 16}
+
+
+def test_fig12_rows() -> None:
+    from superoffload.planner.paper import FIG12_SEQS, fig12_rows, fig12_table
+
+    rows = fig12_rows(GH)
+    assert {r["chips"] for r in rows} == {4, 8} and {r["figure"] for r in rows} == {"fig12"}
+    mfu = [r for r in rows if r["metric"] == "mfu" and r["paper"] is None]
+    assert len(mfu) == 2 * 2 * len(FIG12_SEQS)
+    labelled = [r for r in rows if r["paper"] is not None]
+    assert {(r["metric"], r["paper"], r["paper_status"]) for r in labelled} == {
+        ("mfu", 0.55, "V"), ("megatron_formula_mfu", 0.55, "V"), ("superoffload/ulysses", 8.0, "S")}
+    for r in labelled:
+        assert r["predicted"] is not None and r["rel_error"] is not None
+    longest = {(r["chips"], r["point"].split()[-1]): r["predicted"] for r in rows if r["metric"] == "longest_seq"}
+    assert longest[(8, "superoffload")] == M1  # the paper's headline point fits
+    for chips in (4, 8):
+        assert longest[(chips, "superoffload")] >= longest[(chips, "ulysses")]
+    assert "| 1,048,576 |" in fig12_table(rows)

@@ -5,7 +5,6 @@ memory and Adam work divided by the chip count, make_plan / explain with --chips
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import pytest
 
@@ -163,23 +162,6 @@ def test_harness_plan_on_the_cpu_preset_for_two_ranks() -> None:
     plan = make_plan(get_shape("gpt-tiny"), 128, 2, get_profile("cpu"), chips=2)
     assert plan.chips == 2 and not plan.speculation and plan.device_tail_buckets == 0
     assert NET_STAGES & set(plan.predicted.stage_s)
-
-
-def test_paper_multi_chip_rows(gh200_multi_chip_rows) -> None:
-    """multi_chip_rows(GH), computed once per session (conftest.py: test_paper.py reads them too)."""
-    from superoffload.planner.paper import largest_model
-
-    rows = gh200_multi_chip_rows
-    fig11 = [r for r in rows if r["figure"] == "fig11"]
-    assert {r["chips"] for r in fig11} == {4, 16}
-    claims = [r for r in fig11 if r["paper"] is not None]
-    assert {r["metric"] for r in claims} >= {"superoffload/zero_offload", "superoffload/torch - 1"}
-    for r in claims:
-        if r["predicted"] is not None:
-            assert math.isfinite(r["rel_error"]) and r["paper_status"] == "S"
-    sizes = [largest_model("superoffload", GH, c)[1] for c in (1, 4, 16)]
-    assert sizes[0] < sizes[1] <= sizes[2]
-    assert {r["chips"] for r in rows if r["figure"] == "fig13"} == {4, 16}
 
 
 def test_replicated_superoffload_all_reduces_and_gathers_nothing() -> None:
