@@ -1,7 +1,8 @@
 """Find the first bad commit between a good and a bad one, measuring each candidate A/B against good.
 
 Every candidate is checked out in a throw-away ``git worktree`` (the current Python environment is
-reused; only the project's code and its C kernel are rebuilt: ``grace_adam/build.py`` in the tree), and
+reused; only the project's code and its C kernel are rebuilt: ``grace_adam/build.py`` in the tree, once per
+distinct kernel source in a bisection: ``kernel_key``), and
 the case runs ``superoffload bench run`` from that tree. Each round runs the good tree and the candidate
 back to back, alternating which goes first, so drift of a shared machine (another job, thermal state)
 lands on both sides of the ratio and cancels (as ``asv continuous`` does). A candidate is bad when its
@@ -13,9 +14,11 @@ its trajectory's bits differ from good's. Commits are searched by bisection over
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 import os
+import platform
 import re
 import shutil
 import statistics
@@ -75,18 +78,47 @@ def git(repo: Path, *args: str) -> str:
     return r.stdout.strip()
 
 
+def kernel_key(tree: Path) -> str:
+    """What the C kernel a tree builds depends on: its sources and build script, the compiler asked for
+    (``CC``) and the machine. Most commits of a bisection leave them alone, so most trees reuse a build."""
+    h = hashlib.sha256(f"{os.environ.get('CC', '')}\0{platform.machine()}\0".encode())
+    root = tree / "grace_adam"
+    for f in sorted([root / "build.py", *(p for p in (root / "csrc").rglob("*") if p.is_file())]):
+        h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()[:20]
+
+
+def _build_kernel(path: Path, commit: str, cache: Path) -> None:
+    """Build ``path``'s C kernel into its ``grace_adam/_lib``, or copy in the build of an identical kernel
+    (``cache``, one folder per kernel_key)."""
+    lib, done = path / "grace_adam" / "_lib", cache / kernel_key(path)
+    if done.is_dir():
+        shutil.copytree(done, lib, dirs_exist_ok=True)
+        return
+    r = subprocess.run([sys.executable, str(path / "grace_adam" / "build.py")], cwd=path, capture_output=True,
+                       text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"building the C kernel at {commit[:10]} failed:\n{r.stderr[-2000:]}")
+    if lib.is_dir() and any(lib.iterdir()):  # (an old commit may build elsewhere: then it is not kept)
+        tmp = Path(tempfile.mkdtemp(prefix=".part-", dir=cache))
+        shutil.copytree(lib, tmp, dirs_exist_ok=True)
+        with contextlib.suppress(OSError):  # another tree of the same kernel got there first: keep theirs
+            tmp.rename(done)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 @contextlib.contextmanager
 def worktree(repo: Path, commit: str, parent: Path) -> Iterator[Path]:
-    """``commit`` checked out in a new worktree under ``parent`` with its C kernel built; removed after."""
+    """``commit`` checked out in a new worktree under ``parent`` with its C kernel built (or reused from an
+    earlier worktree under ``parent`` with the same kernel_key); removed after."""
     path = Path(tempfile.mkdtemp(prefix=f"{commit[:10]}-", dir=parent))
     path.rmdir()
     git(repo, "worktree", "add", "--detach", "--quiet", str(path), commit)
     try:
-        build = path / "grace_adam" / "build.py"
-        if build.exists():
-            r = subprocess.run([sys.executable, str(build)], cwd=path, capture_output=True, text=True)
-            if r.returncode != 0:
-                raise RuntimeError(f"building the C kernel at {commit[:10]} failed:\n{r.stderr[-2000:]}")
+        if (path / "grace_adam" / "build.py").exists():
+            cache = parent / ".kernels"
+            cache.mkdir(exist_ok=True)
+            _build_kernel(path, commit, cache)
         yield path
     finally:
         with contextlib.suppress(RuntimeError):
