@@ -202,8 +202,9 @@ if compgen -G "$WHEELS/*.whl" >/dev/null; then  # in this shell (it sets PYTHONP
 else
   note wheels skipped 0 0 "no wheels in $WHEELS (scripts/gpu_wheels.sh fetches them)"
 fi
-if $PY -c 'import grace_adam, sys; sys.exit(grace_adam.isa() == "torch")' 2>/dev/null; then
-  note grace_adam_build ok 0 0 "already built: $($PY -c 'import grace_adam; print(grace_adam.isa())')"
+ISA=$($PY -c 'import grace_adam; print(grace_adam.isa())' 2>/dev/null)  # one import of torch (~3 s), not two
+if [ -n "$ISA" ] && [ "$ISA" != torch ]; then
+  note grace_adam_build ok 0 0 "already built: $ISA"
 else
   step grace_adam_build 30 $PY -m grace_adam.build
 fi

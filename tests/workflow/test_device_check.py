@@ -1,8 +1,9 @@
 """scripts/device_check.sh, the prepared GPU comparison, rehearsed on this CPU so it cannot rot between draws.
 
 The short rehearsal (REHEARSE=short: one tiny point, torch and superoffload, an infeasible probe, the launch
-counters, the report) runs once per session (~20 s on 2 cores), with one stand-in wheel in its wheel folder, and
-its files are checked as a lent machine would send them back: at most 8 files with plain names, every system's
+counters, the report) runs once per session (~55 s on a quiet 2-core machine, most of it the start of its ten
+Python processes), with one stand-in wheel in its wheel folder, and its files are checked as a lent machine
+would send them back: at most 8 files with plain names, every system's
 record with telemetry and provenance, the refused point kept as "infeasible by design", the report
 self-contained and opening with the comparison. The pieces it is built from (the refusal record, the NVML
 identity, the goals, the GH200 point predictions, the report's telemetry columns) are checked directly with
