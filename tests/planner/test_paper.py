@@ -1,8 +1,8 @@
 """The paper comparison: shape of the rows, and that the numbers are finite.
 
 Every test of the paper's row groups lives here, so that one test worker computes the costly ones once: the
-multi-chip rows (Fig 11 and Fig 13 at 4 and 16 chips; ~45 s on one core) through this module's fixture, and
-Fig 12's (~25 s) through superoffload.planner.paper's own cache. Spread over modules, the scheduler could put
+multi-chip rows (Fig 11 and Fig 13 at 4 and 16 chips; ~43 s on one core) through this module's fixture, and
+Fig 12's (~38 s) through superoffload.planner.paper's own cache. Spread over modules, the scheduler could put
 them on two workers, each computing them (pytest-xdist --dist loadscope keeps a module on one worker)."""
 
 from __future__ import annotations
