@@ -28,6 +28,8 @@ from tests.ranks import free_port, launch, rank_env
 HERE = Path(__file__).parent
 TOL = 1e-3
 CFG = {"model": "gpt-tiny", "seq": 32, "batch": 2, "steps": 6, "warmup": 2, "lr": 1e-2, "seed": 99}
+# both launches: 127.0.0.1 only, and a lost rank fails the test instead of hanging it
+DIST_VARS = {"GLOO_SOCKET_IFNAME": "lo", "SUPEROFFLOAD_DIST_TIMEOUT_S": "60"}
 
 
 def _env() -> dict[str, str]:
@@ -36,8 +38,7 @@ def _env() -> dict[str, str]:
         env.pop(k, None)  # set by this pytest process for its own world-1 group; torchrun sets its own
     env["OMP_NUM_THREADS"] = "1"
     env["PYTHONWARNINGS"] = "ignore"
-    env["GLOO_SOCKET_IFNAME"] = "lo"  # 127.0.0.1 only
-    env["SUPEROFFLOAD_DIST_TIMEOUT_S"] = "60"  # a lost rank fails the test instead of hanging it
+    env.update(DIST_VARS)
     return env
 
 
@@ -51,8 +52,9 @@ def _torchrun(cfg: dict, out: Path) -> list[dict]:
 
 def _launched(cfg: dict, out: Path) -> list[dict]:
     """The job of _torchrun, its two ranks started by tests/ranks.py with torchrun's variables."""
-    env = rank_env({"GLOO_SOCKET_IFNAME": "lo", "SUPEROFFLOAD_DIST_TIMEOUT_S": "60", "MASTER_ADDR": "127.0.0.1",
-                    "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"})
+    # (no PYTHONWARNINGS, which _env sets: a start-up variable, it would give these ranks zygotes of their own)
+    env = rank_env({**DIST_VARS, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2",
+                    "LOCAL_WORLD_SIZE": "2"})
     ended = launch(2, lambda rank: [str(HERE / "_global_batch_driver.py"), json.dumps(cfg), str(out)], out / "logs",
                    env=env, rank_vars=lambda rank: {"RANK": str(rank), "LOCAL_RANK": str(rank)})
     assert not ended.failed(), ended.report(f"{cfg['system']} on two ranks")
