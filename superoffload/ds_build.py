@@ -13,7 +13,9 @@ loads an op, :func:`prepare_op`:
 
 - prints one line if the op will be built (no cached library yet);
 - if a ``lock`` is there and a process on this machine holds it open, says which process is building
-  and lets torch wait for it;
+  and waits for it, with a line every ``heartbeat_s`` seconds (a build under load can take minutes; a
+  silent wait looks like a hang to a person, and to a watchdog that judges progress by output); if that
+  process dies before it finishes, its lock is dealt with as below;
 - if no process on this machine holds it, the build died, or it runs on another machine that shares
   the folder: the lock is removed, with a one-line warning, once it is older than
   ``SUPEROFFLOAD_DS_LOCK_STALE_S`` seconds (default 300: far longer than a build, so a build on
@@ -35,6 +37,8 @@ import torch.utils.cpp_extension
 
 STALE_ENV = "SUPEROFFLOAD_DS_LOCK_STALE_S"
 DEFAULT_STALE_S = 300.0
+# While another process builds: one line this often, so the wait is visibly alive
+HEARTBEAT_S = 30.0
 # The op builders the DeepSpeed baselines and `bench adam` load (class names of deepspeed.ops.op_builder).
 CPU_OFFLOAD_BUILDERS = ("CPUAdamBuilder", "ShareMemCommBuilder")
 
@@ -88,15 +92,18 @@ def stale_after_s() -> float:
 
 
 def clear_stale_lock(build_dir: Path, stale_s: float | None = None, poll_s: float = 1.0,
-                     say: Callable[[str], None] = _say) -> str:
+                     say: Callable[[str], None] = _say, heartbeat_s: float = HEARTBEAT_S) -> str:
     """Deal with ``build_dir/lock`` before a build; returns what was found.
 
-    "free": no lock (or it went away while we looked); "live": a process on this machine holds it (torch
-    will wait for it); "removed": nobody here holds it and it was older than ``stale_s``, so it was deleted.
+    "free": no lock, or it went away while we waited (a live build on this machine finished: its library is
+    cached); "removed": nobody here holds it and it was older than ``stale_s``, so it was deleted (also
+    where the process that held it died while we waited).
     """
     lock = Path(build_dir) / "lock"
     stale_s = stale_after_s() if stale_s is None else stale_s
     told = False
+    waiting_since: float | None = None
+    said_at = 0.0
     while True:
         try:
             age = time.time() - lock.stat().st_mtime
@@ -104,9 +111,16 @@ def clear_stale_lock(build_dir: Path, stale_s: float | None = None, poll_s: floa
             return "free"
         holders = lock_holders(lock)
         if holders:
-            say(f"waiting for process {', '.join(map(str, holders))}, which is building {lock.parent.name} "
-                f"(lock {lock})")
-            return "live"
+            now = time.monotonic()
+            who = f"process {', '.join(map(str, holders))}"
+            if waiting_since is None:
+                waiting_since = said_at = now
+                say(f"waiting for {who}, which is building {lock.parent.name} (lock {lock})")
+            elif now - said_at >= heartbeat_s:
+                said_at = now
+                say(f"still waiting for {who} to build {lock.parent.name} ({now - waiting_since:.0f} s so far)")
+            time.sleep(poll_s)
+            continue
         if age >= stale_s:
             # A builder closes the file just before it deletes it: look again after that window.
             time.sleep(min(poll_s, 0.5))

@@ -30,9 +30,10 @@ from tests import warm
 MIN_CPU_SHARE = 0.05
 POLL_S = 0.5
 # The tests' shared "no progress for this long is a hang". Long enough for the quietest honest stretch of a
-# test's subprocess on a loaded machine: a rank waiting on another process's DeepSpeed op build (the builder's
-# compiler is not in the waiter's tree; cpu_adam takes ~50 s on 2 quiet cores), a collective waiting for its
-# own timeout (SUPEROFFLOAD_DIST_TIMEOUT_S=60 in the multi-rank tests), which then ends the run by itself.
+# test's subprocess on a loaded machine: a collective waiting for its own timeout (SUPEROFFLOAD_DIST_TIMEOUT_S=60
+# in the multi-rank tests), which then ends the run by itself. A rank waiting on another process's DeepSpeed op
+# build (minutes under load; the builder's compiler is not in the waiter's tree) writes a line every
+# superoffload.ds_build.HEARTBEAT_S seconds while it waits, which is progress.
 HANG_S = 300.0
 
 

@@ -63,18 +63,42 @@ def test_young_lock_without_owner_is_removed_once_old_enough(ext_dir):
     assert len(said) == 2 and "Delete it to go on now" in said[0] and str(lock) in said[0]
 
 
-def test_lock_held_by_a_live_build_is_left_alone(ext_dir):
+def _needs_proc(ext_dir) -> None:
     if ds_build.lock_holders(ext_dir / "x") is None:
         pytest.skip("no /proc: holders cannot be seen")
+
+
+def test_a_live_build_is_waited_for_with_a_line_now_and_then(ext_dir):
+    """A lock held open (torch's FileBaton while it builds) is left alone, however old, and waited for with a
+    heartbeat line, until the builder removes it."""
+    _needs_proc(ext_dir)
     lock = _lock(ext_dir, age_s=3600)
-    fd = os.open(lock, os.O_RDONLY)  # what torch's FileBaton does while it builds
-    try:
-        assert ds_build.lock_holders(lock) == [os.getpid()]
-        said = []
-        assert ds_build.clear_stale_lock(lock.parent, stale_s=0, poll_s=0.01, say=said.append) == "live"
-        assert lock.exists() and f"waiting for process {os.getpid()}" in said[0]
-    finally:
+    fd = os.open(lock, os.O_RDONLY)
+    assert ds_build.lock_holders(lock) == [os.getpid()]
+
+    def finish() -> None:  # what the builder does at the end: close, then remove
         os.close(fd)
+        lock.unlink()
+
+    threading.Timer(0.35, finish).start()
+    said = []
+    t0 = time.monotonic()
+    assert ds_build.clear_stale_lock(lock.parent, stale_s=0, poll_s=0.01, say=said.append, heartbeat_s=0.1) == "free"
+    assert time.monotonic() - t0 >= 0.3
+    assert f"waiting for process {os.getpid()}, which is building cpu_adam" in said[0]
+    assert len(said) >= 3 and all(m.startswith(f"still waiting for process {os.getpid()}") for m in said[1:])
+    assert not any("removed" in m for m in said)
+
+
+def test_a_build_that_dies_while_waited_for_leaves_a_lock_that_is_removed(ext_dir):
+    _needs_proc(ext_dir)
+    lock = _lock(ext_dir, age_s=3600)
+    fd = os.open(lock, os.O_RDONLY)
+    threading.Timer(0.2, os.close, (fd,)).start()  # the builder killed: the file stays, nobody holds it
+    said = []
+    assert ds_build.clear_stale_lock(lock.parent, stale_s=300, poll_s=0.01, say=said.append) == "removed"
+    assert not lock.exists() and said[0].startswith("waiting for process")
+    assert said[-1].startswith("warning: removed the stale build lock")
 
 
 def test_a_lock_released_while_waiting_is_free(ext_dir):
