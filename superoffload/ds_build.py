@@ -22,12 +22,19 @@ loads an op, :func:`prepare_op`:
   another machine is not broken). Until then it says so in one line, naming the file to delete to go
   on at once.
 
+One ninja for every build (:func:`pin_ninja`): torch runs the ``ninja`` first on ``PATH``, and a machine often
+has two (the one pip installed beside this Python as DeepSpeed's requirement, and the system's). Their
+versions hash a command line differently in ``.ninja_log`` (ninja 1.13 against 1.11, seen here), so a process
+whose venv is activated and one started as ``.venv/bin/python`` each find the other's objects built by a
+"changed" command and rebuild the op: minutes every time the two alternate, as a test suite's processes do.
+
 Only torch is imported here; DeepSpeed only inside :func:`prepare_deepspeed_ops`.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -154,11 +161,24 @@ def prepare_op(name: str, stale_s: float | None = None, say: Callable[[str], Non
     return True
 
 
+def pin_ninja(bin_dir: str | Path | None = None) -> str | None:
+    """Put ``bin_dir`` (default: the folder of this Python, a venv's ``bin``) first on this process's ``PATH``
+    when it holds a ``ninja``, so that torch's JIT builds, here and in the processes this one starts, use that
+    ninja whatever ``PATH`` the process was given (module docstring). Returns the ninja that builds will use
+    (None: none on ``PATH``)."""
+    here = str(Path(sys.executable).parent if bin_dir is None else bin_dir)
+    if os.path.isfile(os.path.join(here, "ninja")):
+        rest = [d for d in os.environ.get("PATH", "").split(os.pathsep) if d and d != here]
+        os.environ["PATH"] = os.pathsep.join([here, *rest])
+    return shutil.which("ninja")
+
+
 def prepare_deepspeed_ops(builders: Iterable[str] = CPU_OFFLOAD_BUILDERS, stale_s: float | None = None,
                           say: Callable[[str], None] = _say) -> list[str]:
     """:func:`prepare_op` for every op of ``builders`` that this DeepSpeed install builds just in time on
-    this accelerator (ops that came prebuilt, or that the accelerator does not have, are left alone).
-    Returns the names of the ops that will be built. Imports DeepSpeed."""
+    this accelerator (ops that came prebuilt, or that the accelerator does not have, are left alone), after
+    :func:`pin_ninja`. Returns the names of the ops that will be built. Imports DeepSpeed."""
+    pin_ninja()
     import deepspeed.ops
     from deepspeed.accelerator import get_accelerator
     from deepspeed.git_version_info import installed_ops

@@ -130,3 +130,20 @@ def test_deepspeed_ops_of_this_accelerator(ext_dir, needs_deepspeed):
     building = ds_build.prepare_deepspeed_ops(say=said.append)
     assert ("cpu_adam" in building) != bool(installed_ops.get("cpu_adam")) and len(said) == len(building)
     assert not list(ext_dir.rglob("*.so"))  # announced, not built
+
+
+def test_the_ninja_beside_this_python_comes_first_on_path(tmp_path, monkeypatch):
+    """Two ninjas hash command lines differently: every process must find the same one, whatever its PATH."""
+    venv_bin, system_bin = tmp_path / "venv-bin", tmp_path / "usr-bin"
+    for d in (venv_bin, system_bin):
+        d.mkdir()
+        (d / "ninja").write_text("#!/bin/sh\n")
+        (d / "ninja").chmod(0o755)
+    monkeypatch.setenv("PATH", os.pathsep.join([str(system_bin), str(venv_bin), "/bin"]))
+    assert ds_build.pin_ninja(venv_bin) == str(venv_bin / "ninja")
+    assert os.environ["PATH"].split(os.pathsep) == [str(venv_bin), str(system_bin), "/bin"]
+    assert ds_build.pin_ninja(venv_bin) == str(venv_bin / "ninja")  # once is enough: no duplicate entries
+    assert os.environ["PATH"].split(os.pathsep) == [str(venv_bin), str(system_bin), "/bin"]
+    # a Python with no ninja beside it leaves PATH as it was
+    assert ds_build.pin_ninja(tmp_path) == str(venv_bin / "ninja")
+    assert os.environ["PATH"].split(os.pathsep) == [str(venv_bin), str(system_bin), "/bin"]
