@@ -162,10 +162,13 @@ def prepare_op(name: str, stale_s: float | None = None, say: Callable[[str], Non
 
 
 def pin_ninja(bin_dir: str | Path | None = None) -> str | None:
-    """Put ``bin_dir`` (default: the folder of this Python, a venv's ``bin``) first on this process's ``PATH``
-    when it holds a ``ninja``, so that torch's JIT builds, here and in the processes this one starts, use that
-    ninja whatever ``PATH`` the process was given (module docstring). Returns the ninja that builds will use
-    (None: none on ``PATH``)."""
+    """Put ``bin_dir`` first on this process's ``PATH`` when it holds a ``ninja``, so that torch's JIT builds,
+    here and in the processes this one starts, use that ninja whatever ``PATH`` the process was given (module
+    docstring). Default: the ``bin`` folder of the virtual environment this Python runs in (what activating it
+    would put first); outside one, ``PATH`` is left as it is (a system ``bin`` moved first would change which
+    other tools are found). Returns the ninja that builds will use (None: none on ``PATH``)."""
+    if bin_dir is None and sys.prefix == sys.base_prefix:
+        return shutil.which("ninja")
     here = str(Path(sys.executable).parent if bin_dir is None else bin_dir)
     if os.path.isfile(os.path.join(here, "ninja")):
         rest = [d for d in os.environ.get("PATH", "").split(os.pathsep) if d and d != here]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 
@@ -147,3 +148,10 @@ def test_the_ninja_beside_this_python_comes_first_on_path(tmp_path, monkeypatch)
     # a Python with no ninja beside it leaves PATH as it was
     assert ds_build.pin_ninja(tmp_path) == str(venv_bin / "ninja")
     assert os.environ["PATH"].split(os.pathsep) == [str(venv_bin), str(system_bin), "/bin"]
+
+
+def test_outside_a_virtual_environment_path_is_left_as_it_is(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "base_prefix", sys.prefix)
+    monkeypatch.setenv("PATH", os.pathsep.join([str(tmp_path), "/bin"]))
+    ds_build.pin_ninja()
+    assert os.environ["PATH"] == os.pathsep.join([str(tmp_path), "/bin"])
