@@ -5,8 +5,9 @@
 #   make test-all  every test, the slow variants included
 SHELL := /bin/bash
 VENV := .venv/bin
-# DeepSpeed JIT-builds its CPU ops once (~2 min); keep them across runs and clones
-export TORCH_EXTENSIONS_DIR ?= $(HOME)/.cache/superoffload/torch_extensions
+# DeepSpeed JIT-builds its CPU ops once (~2 min); keep them across runs, in this checkout's venv (a build records
+# the venv's paths: clones sharing one folder rebuild each other's ops; superoffload.ds_build.default_extensions_dir)
+export TORCH_EXTENSIONS_DIR ?= $(abspath .venv)/torch_extensions
 
 .PHONY: all test test-all setup lint figures ablation nightly report calibrate
 all: setup

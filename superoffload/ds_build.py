@@ -2,8 +2,9 @@
 
 DeepSpeed compiles its CPU ops (``cpu_adam``; ``deepspeed_shm_comm`` for the CPU accelerator's
 communication) the first time a process needs them, through ``torch.utils.cpp_extension.load``, into
-``<TORCH_EXTENSIONS_DIR>/<op name>/`` (default: ``~/.cache/torch_extensions/py<ver>_<accelerator>/``).
-That takes a minute or two with no output, and is cached afterwards.
+``<TORCH_EXTENSIONS_DIR>/<op name>/`` (torch's default: ``~/.cache/torch_extensions/py<ver>_<accelerator>/``;
+ours, where the variable is unset: :func:`default_extensions_dir`, in the venv). That takes a minute or two with
+no output, and is cached afterwards.
 
 torch serialises builds with an empty file ``lock`` in that folder (``torch.utils.file_baton``): the
 builder creates it, keeps it open while it builds and removes it at the end; every other process polls
@@ -28,7 +29,8 @@ versions hash a command line differently in ``.ninja_log`` (ninja 1.13 against 1
 whose venv is activated and one started as ``.venv/bin/python`` each find the other's objects built by a
 "changed" command and rebuild the op: minutes every time the two alternate, as a test suite's processes do.
 
-Only torch is imported here; DeepSpeed only inside :func:`prepare_deepspeed_ops`.
+Nothing heavy is imported with this module (the workflow reads :func:`default_extensions_dir` without torch):
+torch inside :func:`build_directory`, DeepSpeed inside :func:`prepare_deepspeed_ops`.
 """
 
 from __future__ import annotations
@@ -40,8 +42,7 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-import torch.utils.cpp_extension
-
+EXTENSIONS_ENV = "TORCH_EXTENSIONS_DIR"
 STALE_ENV = "SUPEROFFLOAD_DS_LOCK_STALE_S"
 DEFAULT_STALE_S = 300.0
 # While another process builds: one line this often, so the wait is visibly alive
@@ -54,11 +55,24 @@ def _say(msg: str) -> None:
     print(f"superoffload: {msg}", file=sys.stderr, flush=True)
 
 
+def default_extensions_dir() -> Path:
+    """Where this project keeps DeepSpeed's JIT builds when ``TORCH_EXTENSIONS_DIR`` is not set (the Makefile,
+    the workflow and the tests use it): inside the virtual environment this Python runs in, else
+    ``~/.cache/superoffload/torch_extensions``. Per environment, because a build records the paths of the
+    DeepSpeed and torch it was made against: two checkouts with their own venvs sharing one folder rewrite each
+    other's build files and rebuild every op (minutes) each time the other one ran."""
+    if sys.prefix != sys.base_prefix:
+        return Path(sys.prefix) / "torch_extensions"
+    return Path.home() / ".cache" / "superoffload" / "torch_extensions"
+
+
 def build_directory(name: str) -> Path:
     """Where torch's JIT builds op ``name`` (torch's own rule, so the lock we look at is the one it uses)."""
-    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    root = os.environ.get(EXTENSIONS_ENV)
     if root:
         return Path(root) / name
+    import torch.utils.cpp_extension
+
     try:  # private in torch, but it is the rule itself (python/accelerator-specific default folder)
         return Path(torch.utils.cpp_extension._get_build_directory(name, verbose=False))
     except (AttributeError, TypeError):
@@ -180,8 +194,10 @@ def prepare_deepspeed_ops(builders: Iterable[str] = CPU_OFFLOAD_BUILDERS, stale_
                           say: Callable[[str], None] = _say) -> list[str]:
     """:func:`prepare_op` for every op of ``builders`` that this DeepSpeed install builds just in time on
     this accelerator (ops that came prebuilt, or that the accelerator does not have, are left alone), after
-    :func:`pin_ninja`. Returns the names of the ops that will be built. Imports DeepSpeed."""
+    :func:`pin_ninja` and, where ``TORCH_EXTENSIONS_DIR`` is unset, setting it to :func:`default_extensions_dir`
+    (for this process and those it starts). Returns the names of the ops that will be built. Imports DeepSpeed."""
     pin_ninja()
+    os.environ.setdefault(EXTENSIONS_ENV, str(default_extensions_dir()))
     import deepspeed.ops
     from deepspeed.accelerator import get_accelerator
     from deepspeed.git_version_info import installed_ops

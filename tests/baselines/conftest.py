@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 
+from superoffload import ds_build
+
 # the Makefile exports the same default; set it here too so a bare `pytest` reuses the cached
 # DeepSpeed op builds (cpu_adam ~50 s, shm comm ~25 s on 2 cores the first time)
-os.environ.setdefault("TORCH_EXTENSIONS_DIR",
-                      str(Path.home() / ".cache" / "superoffload" / "torch_extensions"))
+os.environ.setdefault(ds_build.EXTENSIONS_ENV, str(ds_build.default_extensions_dir()))
 
 BASELINES = ("zero_offload", "zero_infinity", "ds_superoffload", "fsdp_offload")
 DEEPSPEED_BASELINES = ("zero_offload", "zero_infinity", "ds_superoffload")

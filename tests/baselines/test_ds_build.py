@@ -6,6 +6,7 @@ import os
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -155,3 +156,30 @@ def test_outside_a_virtual_environment_path_is_left_as_it_is(tmp_path, monkeypat
     monkeypatch.setenv("PATH", os.pathsep.join([str(tmp_path), "/bin"]))
     ds_build.pin_ninja()
     assert os.environ["PATH"] == os.pathsep.join([str(tmp_path), "/bin"])
+
+
+def test_the_default_op_cache_is_per_environment(monkeypatch):
+    """Inside a venv its own folder (a build records the venv's paths); outside one, the user's cache."""
+    monkeypatch.setattr(sys, "prefix", "/work/clone-a/.venv")
+    monkeypatch.setattr(sys, "base_prefix", "/usr")
+    assert ds_build.default_extensions_dir() == Path("/work/clone-a/.venv/torch_extensions")
+    monkeypatch.setattr(sys, "base_prefix", sys.prefix)
+    assert ds_build.default_extensions_dir() == Path.home() / ".cache" / "superoffload" / "torch_extensions"
+
+
+def test_the_module_imports_no_torch():
+    """The workflow's Snakefile reads the default folder; snakemake must not pay for importing torch."""
+    import subprocess
+
+    code = "import sys, superoffload.ds_build; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
+def test_preparing_the_ops_sets_the_per_environment_cache_when_unset(monkeypatch, needs_deepspeed):
+    monkeypatch.delenv(ds_build.EXTENSIONS_ENV, raising=False)
+    ds_build.prepare_deepspeed_ops((), say=lambda m: None)
+    assert os.environ[ds_build.EXTENSIONS_ENV] == str(ds_build.default_extensions_dir())
+    monkeypatch.setenv(ds_build.EXTENSIONS_ENV, "/elsewhere")
+    ds_build.prepare_deepspeed_ops((), say=lambda m: None)
+    assert os.environ[ds_build.EXTENSIONS_ENV] == "/elsewhere"  # a user's choice stands

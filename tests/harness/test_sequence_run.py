@@ -18,6 +18,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from superoffload import ds_build
 from superoffload.cli import bench_run
 from superoffload.cli.main import build_parser
 from superoffload.harness import record
@@ -36,7 +37,7 @@ def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
     env.update(PYTHONWARNINGS="ignore", GLOO_SOCKET_IFNAME="lo", SUPEROFFLOAD_DIST_TIMEOUT_S="60")
-    env.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "superoffload" / "torch_extensions"))
+    env.setdefault(ds_build.EXTENSIONS_ENV, str(ds_build.default_extensions_dir()))
     return env
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from snakemake.exceptions import WorkflowError
 
 from superoffload import catalog
+from superoffload.ds_build import default_extensions_dir
 
 
 def _config_checker():
@@ -44,11 +45,11 @@ SCRIPTS = WF / "workflows" / "scripts"
 REPORTS = WF / "reports"
 CLI = [PY, "-m", "superoffload"]
 
-# DeepSpeed JIT-builds its CPU ops once (~2 min); keep them across runs (same default as the Makefile).
+# DeepSpeed JIT-builds its CPU ops once (~2 min); keep them across runs (same default as the Makefile: in the
+# venv, superoffload.ds_build.default_extensions_dir).
 os.environ.setdefault(
     "TORCH_EXTENSIONS_DIR",
-    config.get("torch_extensions_dir")
-    or str(Path.home() / ".cache" / "superoffload" / "torch_extensions"),
+    config.get("torch_extensions_dir") or str(default_extensions_dir()),
 )
 if config.get("torch_extensions_dir"):
     os.environ["TORCH_EXTENSIONS_DIR"] = config["torch_extensions_dir"]
