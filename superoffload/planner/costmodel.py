@@ -962,12 +962,13 @@ def _summarise(system: str, w: Workload, hw: HardwareProfile, opts: Options, spe
     stages = {k: v for k, v in sched.kind_time(it).items() if v > 0}
     resource_s: dict[str, float] = {}
     resource_stages: dict[str, list[str]] = {}
-    for op in sched.graph.ops:
-        if op.iteration == it and op.resource is not None and op.duration > 0:
-            resource_s[op.resource] = resource_s.get(op.resource, 0.0) + op.duration
-            kinds = resource_stages.setdefault(op.resource, [])
-            if op.kind not in kinds:
-                kinds.append(op.kind)
+    g = sched.graph
+    for res, dur, kind, op_it in zip(g.resources, g.durations, g.kinds, g.iterations, strict=True):
+        if op_it == it and res is not None and dur > 0:
+            resource_s[res] = resource_s.get(res, 0.0) + dur
+            kinds = resource_stages.setdefault(res, [])
+            if kind not in kinds:
+                kinds.append(kind)
     # device work per step: the compute stream's work of one iteration. Not the work that falls inside the
     # window [end of it-1, end of it]: the last simulated iteration's forward starts before that window
     # (it waits only for its layers' returns) and no later iteration fills its end, so the window's

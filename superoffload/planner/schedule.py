@@ -36,18 +36,28 @@ class Op:
 class Graph:
     """Ops in insertion order; ``add`` returns the op's id for use as a dependency. ``aliases`` maps a
     resource onto another that runs its ops (e.g. the host pool onto the compute stream when both are the
-    same core)."""
+    same core).
+
+    The ops are held as columns (one list per field, indexed by op id): the cost model builds a graph of
+    thousands of ops per prediction and hundreds of predictions per plan, and an object per op was a third of
+    a prediction's time. ``ops`` gives them as ``Op`` records, for reading."""
 
     def __init__(self, aliases: dict[str, str] | None = None) -> None:
-        self.ops: list[Op] = []
+        self.names: list[str] = []
+        self.resources: list[str | None] = []
+        self.durations: list[float] = []
+        self.deps: list[list[int]] = []
+        self.kinds: list[str] = []
+        self.iterations: list[int] = []
+        self.priorities: list[float] = []
         self.aliases = dict(aliases or {})
 
     def add(self, name: str, resource: str | None, duration: float, deps: list[int] | None = None,
             kind: str = "", iteration: int = 0, priority: float | None = None) -> int:
         if duration < 0:
             raise ValueError(f"op {name!r} has negative duration {duration}")
-        oid = len(self.ops)
-        if deps:  # the cost model builds graphs of thousands of ops per prediction: checked in bulk
+        oid = len(self.names)
+        if deps:  # checked in bulk: one min and one max per op
             deps = [d for d in deps if d is not None] if None in deps else list(deps)  # the op's own list
             if deps and (min(deps) < 0 or max(deps) >= oid):
                 bad = next(d for d in deps if not 0 <= d < oid)
@@ -56,15 +66,26 @@ class Graph:
             deps = []
         if resource is not None and self.aliases:
             resource = self.aliases.get(resource, resource)
-        self.ops.append(Op(name, resource, duration, deps, kind, iteration,
-                           float(oid) if priority is None else priority))
+        self.names.append(name)
+        self.resources.append(resource)
+        self.durations.append(duration)
+        self.deps.append(deps)
+        self.kinds.append(kind)
+        self.iterations.append(iteration)
+        self.priorities.append(float(oid) if priority is None else priority)
         return oid
 
     def barrier(self, name: str, deps: list[int], iteration: int = 0) -> int:
         return self.add(name, None, 0.0, deps, kind="barrier", iteration=iteration)
 
+    @property
+    def ops(self) -> list[Op]:
+        """The ops as records (built on each call: for reading, not for the hot path)."""
+        return [Op(*row) for row in zip(self.names, self.resources, self.durations, self.deps, self.kinds,
+                                        self.iterations, self.priorities, strict=True)]
+
     def __len__(self) -> int:
-        return len(self.ops)
+        return len(self.names)
 
 
 @dataclass
@@ -78,38 +99,35 @@ class Schedule:
         return max(self.finish, default=0.0)
 
     def busy(self, resource: str, iteration: int | None = None) -> float:
-        return sum(op.duration for op in self.graph.ops
-                   if op.resource == resource and (iteration is None or op.iteration == iteration))
+        g = self.graph
+        return sum(d for d, r, it in zip(g.durations, g.resources, g.iterations, strict=True)
+                   if r == resource and (iteration is None or it == iteration))
 
     def idle(self, resource: str, t0: float, t1: float) -> float:
         """Seconds in [t0, t1] during which ``resource`` runs nothing."""
         covered = 0.0
-        for i, op in enumerate(self.graph.ops):
-            if op.resource == resource:
-                covered += max(0.0, min(self.finish[i], t1) - max(self.start[i], t0))
+        for r, s, f in zip(self.graph.resources, self.start, self.finish, strict=True):
+            if r == resource:
+                covered += max(0.0, min(f, t1) - max(s, t0))
         return max(0.0, (t1 - t0) - covered)
 
     def kind_time(self, iteration: int | None = None) -> dict[str, float]:
+        g = self.graph
         out: dict[str, float] = defaultdict(float)
-        for op in self.graph.ops:
-            if op.kind != "barrier" and (iteration is None or op.iteration == iteration):
-                out[op.kind] += op.duration
+        for k, d, it in zip(g.kinds, g.durations, g.iterations, strict=True):
+            if k != "barrier" and (iteration is None or it == iteration):
+                out[k] += d
         return dict(out)
 
 
 def simulate(graph: Graph) -> Schedule:
     """Run the list scheduler; raises ValueError on a dependency cycle."""
-    ops = graph.ops
-    n = len(ops)
-    # the ops' fields as plain lists: the planner simulates hundreds of graphs of ~1000 ops per plan
-    resource = [op.resource for op in ops]
-    duration = [op.duration for op in ops]
-    priority = [op.priority for op in ops]
+    n = len(graph)
+    resource, duration, priority = graph.resources, graph.durations, graph.priorities
     succ: list[list[int]] = [[] for _ in range(n)]
-    waiting = [0] * n
-    for i, op in enumerate(ops):
-        waiting[i] = len(op.deps)
-        for d in op.deps:
+    waiting = [len(d) for d in graph.deps]
+    for i, deps in enumerate(graph.deps):
+        for d in deps:
             succ[d].append(i)
     start = [0.0] * n
     finish = [0.0] * n
@@ -163,6 +181,6 @@ def simulate(graph: Graph) -> Schedule:
                     push(ready[resource[s]], (priority[s], s))
                     changed.add(resource[s])
     if done != n:
-        stuck = [ops[i].name for i in range(n) if waiting[i] > 0][:5]
+        stuck = [graph.names[i] for i in range(n) if waiting[i] > 0][:5]
         raise ValueError(f"dependency cycle: {n - done} ops never became ready, e.g. {stuck}")
     return Schedule(start, finish, graph)

@@ -77,3 +77,16 @@ def test_bad_graphs_are_rejected() -> None:
     g.ops[a].deps.append(b)  # forge a cycle
     with pytest.raises(ValueError, match="cycle"):
         simulate(g)
+
+
+def test_ops_are_read_back_as_records_with_aliases_applied() -> None:
+    g = Graph(aliases={HOST: COMPUTE})
+    a = g.add("a", COMPUTE, 1.0, kind="forward")
+    b = g.add("b", HOST, 2.0, [a, None], kind="host_adam", iteration=1)
+    g.barrier("end", [b])
+    assert [(o.name, o.resource, o.duration, o.deps, o.kind, o.iteration, o.priority) for o in g.ops] == [
+        ("a", COMPUTE, 1.0, [], "forward", 0, 0.0), ("b", COMPUTE, 2.0, [0], "host_adam", 1, 1.0),
+        ("end", None, 0.0, [1], "barrier", 0, 2.0)]
+    s = simulate(g)  # the host op runs on the compute stream it is aliased to: after a
+    assert s.finish == [1.0, 3.0, 3.0] and s.busy(COMPUTE) == 3.0 and s.kind_time(1) == {"host_adam": 2.0}
+    assert s.idle(COMPUTE, 0.0, 4.0) == 1.0
