@@ -16,8 +16,9 @@ PY="${PYTHON:-python3}"
 MODE="${ARM_TEST_MODE:-quick}"   # quick | full
 # The qemu CPU models to run, space-separated. sve128 is Grace's (Neoverse V2) vector length; cortex-a72 has no
 # SVE, so NEON is the default path there; "max" is qemu's default SVE length (512 bits) with every feature on.
-# Under qemu 7.2 a run at 128 bits or on NEON takes ~2 s, at 256 bits and wider ~17 s, so the suite's short
-# twin picks fewer (tests/grace_adam/test_arm.py).
+# Under qemu 7.2 the wide lengths cost most (this script with one CPU, build included: 6.9 s at 128 bits, 5.1 s
+# on NEON, 26.0 s at 256 bits on a 2-core machine), so the suite's short twin picks fewer
+# (tests/grace_adam/test_arm.py).
 CPUS="${ARM_TEST_CPUS:-max,sve128=on max,sve256=on max,sve512=on max cortex-a72}"
 
 for tool in "$CC" "$QEMU" "$PY"; do

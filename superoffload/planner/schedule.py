@@ -39,8 +39,8 @@ class Graph:
     same core).
 
     The ops are held as columns (one list per field, indexed by op id): the cost model builds a graph of
-    thousands of ops per prediction and hundreds of predictions per plan, and an object per op was a third of
-    a prediction's time. ``ops`` gives them as ``Op`` records, for reading."""
+    thousands of ops per prediction and hundreds of predictions per plan, and building an object per op cost
+    them ~14 % (docs/results.md, twentieth session). ``ops`` gives them as ``Op`` records, for reading."""
 
     def __init__(self, aliases: dict[str, str] | None = None) -> None:
         self.names: list[str] = []

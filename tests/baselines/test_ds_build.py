@@ -88,7 +88,7 @@ def test_a_live_build_is_waited_for_with_a_line_now_and_then(ext_dir):
     assert ds_build.clear_stale_lock(lock.parent, stale_s=0, poll_s=0.01, say=said.append, heartbeat_s=0.1) == "free"
     assert time.monotonic() - t0 >= 0.3
     assert f"waiting for process {os.getpid()}, which is building cpu_adam" in said[0]
-    assert len(said) >= 3 and all(m.startswith(f"still waiting for process {os.getpid()}") for m in said[1:])
+    assert len(said) >= 2 and all(m.startswith(f"still waiting for process {os.getpid()}") for m in said[1:])
     assert not any("removed" in m for m in said)
 
 

@@ -14,7 +14,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "arm_test.sh"
 
 
 # CI's twin: Grace's vector length, one wider (the SVE code is vector-length agnostic: two lengths check that
-# nothing assumes one) and NEON; the slow twin adds 512 bits and qemu's "max" (~17 s each under emulation)
+# nothing assumes one) and NEON; the slow twin adds 512 bits and qemu's "max" (each about as slow as 256 bits)
 CI_CPUS = ("max,sve128=on", "max,sve256=on", "cortex-a72")
 
 

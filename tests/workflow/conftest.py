@@ -19,7 +19,7 @@ def results_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def smoke_results(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One `snakemake all` of the shrunken smoke sweep (smoke.yaml) per test session (under a minute on 2 quiet
+    """One `snakemake all` of the shrunken smoke sweep (smoke.yaml) per test session (about a minute on 2 quiet
     cores, ~2 min on the slowest machine seen), shared by the end-to-end test and the browser test of its
     report. No time limit but the watchdog's (wf_helpers.snakemake): a loaded machine only makes it slower.
     Returns the results root (the sweep's folder is ``cpu_smoke`` under it)."""
