@@ -8,6 +8,8 @@ Environment:
   GRACE_ADAM_CPUS=LIST       pin the pool to these CPUs at import, e.g. 1-15 or 2,3,8-11 (grace_adam.pool)
   GRACE_ADAM_NT_THRESHOLD=B  bytes a pass moves before it uses streaming stores (default: the LLC size)
   GRACE_ADAM_LAZY_BUILD=1    if the library is missing, build it in place at import (development)
+  GRACE_ADAM_DIV=divide      always use the divide instruction for sqrt(v) / sqrt(1 - beta2^t), never the
+                             reciprocal (same bits either way; for A/B measurements, docs/grace_adam.md)
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import os
 import warnings
 from pathlib import Path
 
-ABI_VERSION = 4  # GA_ABI_VERSION in csrc/grace_adam.h
+ABI_VERSION = 5  # GA_ABI_VERSION in csrc/grace_adam.h
 DTYPE_F32, DTYPE_BF16, DTYPE_F16, DTYPE_NONE = 0, 1, 2, 3
 LIB_PATH = Path(__file__).resolve().parent / "_lib" / "libgrace_adam.so"
 
@@ -79,6 +81,9 @@ def _declare(lib: ctypes.CDLL) -> None:
         "ga_supported_isas": (ctypes.c_uint, []),
         "ga_compiled_isas": (ctypes.c_uint, []),
         "ga_isa_name": (ctypes.c_char_p, [i32]),
+        "ga_set_div_by_recip": (i32, [i32]),
+        "ga_divisor_recip": (f32, [f32]),
+        "ga_divisor_check": (i64, [i32, f32, f32, i32, i32]),
     }
     for name, (res, args) in sigs.items():
         fn = getattr(lib, name)
@@ -195,6 +200,34 @@ def _set_min_chunk(n: int) -> None:
     """Minimum elements per thread (tests lower it so small arrays are split across threads)."""
     if LIB is not None and LIB.ga_set_min_chunk(int(n)) != 0:
         raise ValueError(f"min chunk must be >= 1, got {n}")
+
+
+def _set_div_by_recip(on: bool) -> None:
+    """Whether the SIMD paths may divide by sqrt(1 - beta2^t) through its reciprocal where that is proven
+    exact (the default); False: always the divide instruction. Same bits either way (A/B measurements)."""
+    if LIB is not None:
+        LIB.ga_set_div_by_recip(1 if on else 0)
+
+
+def divisor_recip(c: float) -> float:
+    """The reciprocal the current ISA path divides by ``c`` through (0.0: it divides; always 0.0 on the
+    scalar path and the torch fallback)."""
+    return 0.0 if LIB is None else float(LIB.ga_divisor_recip(c))
+
+
+def divisor_check(c: float, r: float, *, exhaustive: bool = False, isa_name: str | None = None,
+                  threads: int = 0) -> int:
+    """How many inputs x in [1, 2) the ISA path's division by ``c`` through ``r`` gets wrong: all 2^23 of
+    them (``exhaustive``) or those near a rounding midpoint, which decide it (docs/grace_adam.md)."""
+    if LIB is None:
+        raise RuntimeError(f"native kernel unavailable ({UNAVAILABLE_REASON})")
+    name = isa_name or isa()
+    if name not in ISA_NAMES:
+        raise ValueError(f"unknown ISA {name!r}; available: {available_isas()}")
+    rc = int(LIB.ga_divisor_check(ISA_NAMES.index(name), c, r, int(exhaustive), threads))
+    if rc < 0:
+        raise ValueError(f"divisor_check({c!r}, {r!r}) on {name}: {status_name(rc)}")
+    return rc
 
 
 def set_num_threads(n: int) -> None:

@@ -1,13 +1,15 @@
 /* AVX2 + F16C path: 8 fp32 lanes. The tail is copied into zero-padded stack buffers and run through
- * the very same vector body, so body and tail cannot round differently. No FMA is used although the
- * file is compiled with -mfma: -ffp-contract=off keeps mul+add separate, as in the scalar path. */
+ * the very same vector body, so body and tail cannot round differently. Adam's arithmetic uses no FMA
+ * although the file is compiled with -mfma: -ffp-contract=off keeps mul+add separate, as in the scalar
+ * path (div_bc2s's FMAs are an exact division, see there). */
 #include <immintrin.h>
 #include "ga_internal.h"
 
 #define AI static inline __attribute__((always_inline))
 
 typedef struct {
-    __m256 gs, wd, decay, lerp_c, beta2, omb2, step_size, bc2s, eps, hi;
+    __m256 gs, wd, decay, lerp_c, beta2, omb2, step_size, bc2s, bc2s_recip, inf, eps, hi;
+    int recip;
 } consts8;
 
 AI __m256 ld_grad(const void *g, int dt, int64_t i) {
@@ -33,6 +35,18 @@ typedef struct {
     __m256 g, p, m, v, vm;
 } lanes8;
 
+/* x / C->bc2s for x >= +-0, +inf or NaN: through the reciprocal when it is proven exact for this divisor
+ * (ga_internal.h, GA_DIV_MANTISSAS), else the divide instruction. Same bits either way. These two FMAs are
+ * the file's only ones: they are part of the division, not of Adam's arithmetic. */
+AI __m256 div_bc2s(const consts8 *C, __m256 x) {
+    __m256 q, e;
+    if (!C->recip) return _mm256_div_ps(x, C->bc2s);
+    q = _mm256_mul_ps(x, C->bc2s_recip);
+    e = _mm256_fmsub_ps(q, C->bc2s, x);
+    /* x < +inf is false only for +inf (e is NaN there; q is the quotient) and NaN (q is NaN) */
+    return _mm256_blendv_ps(q, _mm256_fnmadd_ps(e, C->bc2s_recip, q), _mm256_cmp_ps(x, C->inf, _CMP_LT_OQ));
+}
+
 AI void compute8(const ga_adam_args *A, const consts8 *C, lanes8 *x) {
     __m256 g = _mm256_mul_ps(x->g, C->gs), p = x->p, m = x->m, v = x->v, vu, d;
     if (A->l2) g = _mm256_add_ps(g, _mm256_mul_ps(p, C->wd));
@@ -47,7 +61,7 @@ AI void compute8(const ga_adam_args *A, const consts8 *C, lanes8 *x) {
         vu = x->vm;
     }
     {
-        __m256 den = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vu), C->bc2s), C->eps);
+        __m256 den = _mm256_add_ps(div_bc2s(C, _mm256_sqrt_ps(vu)), C->eps);
         p = _mm256_sub_ps(p, _mm256_div_ps(_mm256_mul_ps(C->step_size, m), den));
     }
     x->p = p;
@@ -136,7 +150,7 @@ AI void tail8(const ga_adam_args *A, const consts8 *C, int64_t i, int64_t r, int
     if (ldt != GA_NONE) memcpy((uint16_t *)A->lowp_out + i, lb, h);
 }
 
-AI void adam_impl(const ga_adam_args *A, int64_t begin, int64_t end, int gdt, int ldt, int nt_ok) {
+AI void adam_impl(const ga_adam_args *A, int64_t begin, int64_t end, int gdt, int ldt, const ga_pass *o) {
     consts8 C;
     int64_t i = begin;
     int nt = 0;
@@ -148,10 +162,13 @@ AI void adam_impl(const ga_adam_args *A, int64_t begin, int64_t end, int gdt, in
     C.omb2 = _mm256_set1_ps(A->one_minus_beta2);
     C.step_size = _mm256_set1_ps(A->step_size);
     C.bc2s = _mm256_set1_ps(A->bias_correction2_sqrt);
+    C.bc2s_recip = _mm256_set1_ps(o->bc2s_recip);
+    C.recip = o->bc2s_recip != 0.0f;
+    C.inf = _mm256_set1_ps(__builtin_inff());
     C.eps = _mm256_set1_ps(A->eps);
     C.hi = _mm256_castsi256_ps(_mm256_set1_epi32(A->lerp_hi ? -1 : 0));
     /* Streaming stores need aligned destinations; a block keeps the alignment it starts with. */
-    nt = nt_ok && ga_fresh_outputs_aligned(A, i, 32, 16);
+    nt = o->nt_ok && ga_fresh_outputs_aligned(A, i, 32, 16);
     if (nt)
         for (; i + 8 * GA_BLOCK8 <= end; i += 8 * GA_BLOCK8) step_block(A, &C, i, gdt, ldt, 1, GA_BLOCK8);
     for (; i + 8 * GA_BLOCK8 <= end; i += 8 * GA_BLOCK8) step_block(A, &C, i, gdt, ldt, 0, GA_BLOCK8);
@@ -222,4 +239,26 @@ static void stream7_avx2(float *a, const float *b, float *c, float *d, int64_t b
     }
 }
 
-const ga_kernels ga_kernels_avx2 = {adam_avx2, stats_avx2, stream7_avx2};
+static int64_t divcheck_avx2(float c, float r, const uint32_t *mant, int64_t n) {
+    consts8 C;
+    int64_t bad = 0;
+    C.bc2s = _mm256_set1_ps(c);
+    C.bc2s_recip = _mm256_set1_ps(r);
+    C.inf = _mm256_set1_ps(__builtin_inff());
+    C.recip = 1;
+    for (int64_t k = 0; k < n; k += 8) {
+        uint32_t mb[8] = {0};
+        int live = n - k < 8 ? (int)(n - k) : 8;
+        __m256 x;
+        __m256i ne;
+        unsigned same;
+        memcpy(mb, mant + k, (size_t)live * 4);
+        x = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_loadu_si256((const __m256i *)mb), _mm256_set1_epi32(0x3F800000)));
+        ne = _mm256_xor_si256(_mm256_castps_si256(div_bc2s(&C, x)), _mm256_castps_si256(_mm256_div_ps(x, C.bc2s)));
+        same = (unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(ne, _mm256_setzero_si256())));
+        bad += live - __builtin_popcount(same & ((1u << (unsigned)live) - 1u));
+    }
+    return bad;
+}
+
+const ga_kernels ga_kernels_avx2 = {adam_avx2, stats_avx2, stream7_avx2, divcheck_avx2};

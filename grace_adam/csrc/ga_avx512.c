@@ -7,8 +7,9 @@
 #define AI static inline __attribute__((always_inline))
 
 typedef struct {
-    __m512 gs, wd, decay, lerp_c, beta2, omb2, step_size, bc2s, eps;
+    __m512 gs, wd, decay, lerp_c, beta2, omb2, step_size, bc2s, bc2s_recip, inf, eps;
     __mmask16 hi;
+    int recip;
 } consts16;
 
 AI __m512 ld_f32(const float *p, __mmask16 k, int full) {
@@ -60,6 +61,17 @@ AI void load16(const ga_adam_args *A, int64_t i, __mmask16 k, int full, int gdt,
     x->vm = A->max_exp_avg_sq ? ld_f32(A->max_exp_avg_sq + i, k, full) : _mm512_setzero_ps();
 }
 
+/* x / C->bc2s for x >= +-0, +inf or NaN: through the reciprocal when it is proven exact for this divisor
+ * (ga_internal.h, GA_DIV_MANTISSAS), else the divide instruction. Same bits either way. */
+AI __m512 div_bc2s(const consts16 *C, __m512 x) {
+    __m512 q, e;
+    if (!C->recip) return _mm512_div_ps(x, C->bc2s);
+    q = _mm512_mul_ps(x, C->bc2s_recip);
+    e = _mm512_fmsub_ps(q, C->bc2s, x);
+    /* x < +inf is false only for +inf (e is NaN there; q is the quotient) and NaN (q is NaN) */
+    return _mm512_mask_mov_ps(q, _mm512_cmp_ps_mask(x, C->inf, _CMP_LT_OQ), _mm512_fnmadd_ps(e, C->bc2s_recip, q));
+}
+
 AI void compute16(const ga_adam_args *A, const consts16 *C, lanes16 *x) {
     __m512 g = _mm512_mul_ps(x->g, C->gs), p = x->p, m = x->m, v = x->v, vu, d;
     if (A->l2) g = _mm512_add_ps(g, _mm512_mul_ps(p, C->wd));
@@ -74,7 +86,7 @@ AI void compute16(const ga_adam_args *A, const consts16 *C, lanes16 *x) {
         vu = x->vm;
     }
     {
-        __m512 den = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vu), C->bc2s), C->eps);
+        __m512 den = _mm512_add_ps(div_bc2s(C, _mm512_sqrt_ps(vu)), C->eps);
         p = _mm512_sub_ps(p, _mm512_div_ps(_mm512_mul_ps(C->step_size, m), den));
     }
     x->p = p;
@@ -155,7 +167,7 @@ AI void step_block(const ga_adam_args *A, const consts16 *C, int64_t i, int gdt,
         STORE_BLOCK_U16(A->lowp_out, _mm512_cvtps_ph(x[u].p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), nt);
 }
 
-AI void adam_impl(const ga_adam_args *A, int64_t begin, int64_t end, int gdt, int ldt, int nt_ok) {
+AI void adam_impl(const ga_adam_args *A, int64_t begin, int64_t end, int gdt, int ldt, const ga_pass *o) {
     consts16 C;
     int64_t i = begin;
     int nt = 0;
@@ -167,10 +179,13 @@ AI void adam_impl(const ga_adam_args *A, int64_t begin, int64_t end, int gdt, in
     C.omb2 = _mm512_set1_ps(A->one_minus_beta2);
     C.step_size = _mm512_set1_ps(A->step_size);
     C.bc2s = _mm512_set1_ps(A->bias_correction2_sqrt);
+    C.bc2s_recip = _mm512_set1_ps(o->bc2s_recip);
+    C.recip = o->bc2s_recip != 0.0f;
+    C.inf = _mm512_set1_ps(__builtin_inff());
     C.eps = _mm512_set1_ps(A->eps);
     C.hi = A->lerp_hi ? (__mmask16)0xFFFF : (__mmask16)0;
     /* Streaming stores need aligned destinations; a block keeps the alignment it starts with. */
-    nt = nt_ok && ga_fresh_outputs_aligned(A, i, 64, 32);
+    nt = o->nt_ok && ga_fresh_outputs_aligned(A, i, 64, 32);
     if (nt)
         for (; i + 16 * GA_BLOCK <= end; i += 16 * GA_BLOCK) step_block(A, &C, i, gdt, ldt, 1);
     for (; i + 16 * GA_BLOCK <= end; i += 16 * GA_BLOCK) step_block(A, &C, i, gdt, ldt, 0);
@@ -238,4 +253,21 @@ static void stream7_avx512(float *a, const float *b, float *c, float *d, int64_t
     }
 }
 
-const ga_kernels ga_kernels_avx512 = {adam_avx512, stats_avx512, stream7_avx512};
+static int64_t divcheck_avx512(float c, float r, const uint32_t *mant, int64_t n) {
+    consts16 C;
+    int64_t bad = 0;
+    C.bc2s = _mm512_set1_ps(c);
+    C.bc2s_recip = _mm512_set1_ps(r);
+    C.inf = _mm512_set1_ps(__builtin_inff());
+    C.recip = 1;
+    for (int64_t k = 0; k < n; k += 16) {
+        __mmask16 live = k + 16 <= n ? (__mmask16)0xFFFF : (__mmask16)((1u << (unsigned)(n - k)) - 1u);
+        __m512i mk = _mm512_maskz_loadu_epi32(live, mant + k);
+        __m512 x = _mm512_castsi512_ps(_mm512_add_epi32(mk, _mm512_set1_epi32(0x3F800000)));
+        __m512i got = _mm512_castps_si512(div_bc2s(&C, x)), want = _mm512_castps_si512(_mm512_div_ps(x, C.bc2s));
+        bad += __builtin_popcount((unsigned)_mm512_mask_cmpneq_epi32_mask(live, got, want));
+    }
+    return bad;
+}
+
+const ga_kernels ga_kernels_avx512 = {adam_avx512, stats_avx512, stream7_avx512, divcheck_avx512};

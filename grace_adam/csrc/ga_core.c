@@ -29,6 +29,7 @@ static int g_isa = GA_ISA_SCALAR;
 static int g_default_threads = 1;
 static int64_t g_min_chunk = 32768; /* elements per thread: below this, waking a thread costs more */
 static int64_t g_nt_threshold = 32 << 20; /* bytes a pass moves before it streams its fresh outputs */
+static int g_div_by_recip = 1;             /* GRACE_ADAM_DIV=divide: 0 (for A/B measurements) */
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
 /* ------------------------------------------------------------------------------------------------ */
@@ -107,6 +108,8 @@ static void detect(void) {
         env = getenv("GRACE_ADAM_NT_THRESHOLD");
         if (env && *env && atoll(env) >= 0) g_nt_threshold = atoll(env);
     }
+    env = getenv("GRACE_ADAM_DIV");
+    if (env && strcmp(env, "divide") == 0) g_div_by_recip = 0;
     ga_pool_init();
 }
 
@@ -225,7 +228,7 @@ typedef struct {
     const ga_adam_args *a;
     ga_adam_fn fn;
     int64_t base;
-    int nt_ok;
+    ga_pass pass;
     /* step + statistics: units are GA_STATS_BLOCK-element blocks instead of 16-element units */
     ga_stats_fn stats;
     double *sums;
@@ -234,7 +237,7 @@ typedef struct {
 static void adam_units(void *p, int64_t u0, int64_t u1) {
     adam_ctx *c = (adam_ctx *)p;
     int64_t b = elem_of(c->base, c->a->n, u0), e = elem_of(c->base, c->a->n, u1);
-    if (e > b) c->fn(c->a, b, e, c->nt_ok);
+    if (e > b) c->fn(c->a, b, e, &c->pass);
 }
 
 /* Each block is reduced, then stepped while its gradient is still in L1/L2: one trip to DRAM. */
@@ -244,7 +247,7 @@ static void adam_stats_units(void *p, int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; b++) {
         int64_t s = b * GA_STATS_BLOCK, e = s + GA_STATS_BLOCK < a->n ? s + GA_STATS_BLOCK : a->n;
         c->stats(a->grad, a->grad_dtype, a->grad_scale, a->n, b, b + 1, c->sums);
-        c->fn(a, s, e, c->nt_ok);
+        c->fn(a, s, e, &c->pass);
     }
 }
 
@@ -284,12 +287,157 @@ static int nt_ok_for(const ga_adam_args *A) {
     return A->n >= threshold / per + (threshold % per != 0);
 }
 
+/* ---- division by bias_correction2_sqrt through its reciprocal (ga_internal.h, GA_DIV_MANTISSAS) ---- */
+
+#define GA_DIV_UNIT 4096  /* mantissas per unit of the exhaustive check job */
+#define GA_DIV_CACHE 16   /* (ISA, divisor) verdicts kept: one step count's divisor serves every bucket */
+#define GA_DIV_CAP (4 * (GA_DIV_NEAR + 2) * 2 + 64) /* near_midpoint_mantissas' count, with room */
+
+typedef struct {
+    ga_divcheck_fn fn;
+    float c, r;
+    int64_t bad;
+} divcheck_ctx;
+
+static void divcheck_units(void *p, int64_t u0, int64_t u1) {
+    divcheck_ctx *d = (divcheck_ctx *)p;
+    uint32_t mant[GA_DIV_UNIT];
+    int64_t bad = 0;
+    for (int64_t u = u0; u < u1; u++) {
+        for (int k = 0; k < GA_DIV_UNIT; k++) mant[k] = (uint32_t)(u * GA_DIV_UNIT + k);
+        bad += d->fn(d->c, d->r, mant, GA_DIV_UNIT);
+    }
+    if (bad) __atomic_fetch_add(&d->bad, bad, __ATOMIC_RELAXED);
+}
+
+/* a^-1 mod m, for m odd > 1 and a coprime to it (a power of two) */
+static int64_t inv_mod(int64_t a, int64_t m) {
+    int64_t r0 = m, r1 = a % m, t0 = 0, t1 = 1;
+    while (r1) {
+        int64_t q = r0 / r1, t = t0 - q * t1, r = r0 - q * r1;
+        t0 = t1, t1 = t, r0 = r1, r1 = r;
+    }
+    return t0 < 0 ? t0 + m : t0;
+}
+
+/* The mantissas X - 2^23 of the x = X 2^-23 in [1, 2) whose quotient by c lies within GA_DIV_NEAR steps
+ * of a rounding midpoint: |D| <= GA_DIV_NEAR for D = X 2^s - (2M + 1) C, with C the 24-bit significand
+ * of c, s = 24 where x / c is in [1, 2) (X >= C) and 25 where it is in [1/2, 1) (ga_internal.h says why
+ * only those can round differently). Each once; returns how many (at most GA_DIV_CAP).
+ * With C = C' 2^j (C' odd): 2^j divides D, and X 2^(s-j) = d (mod C') for d = D / 2^j, so the X of one d
+ * form the progression X0 + k C', X0 = d (2^(s-j))^-1 mod C'. 2M + 1 = (X 2^(s-j) - d) / C' has the
+ * parity of d (s - j >= 2, C' odd), so only odd d count. Count: at most (GA_DIV_NEAR / 2^j + 1) odd d
+ * per s, each with at most 2^23 / C' + 1 <= 2^j + 1 X; none once 2^j > GA_DIV_NEAR (no odd d left). */
+static int64_t near_midpoint_mantissas(float c, uint32_t *out) {
+    const int64_t C = (int64_t)((ga_f32_bits(c) & 0x7FFFFFu) | 0x800000u);
+    const int j = __builtin_ctzll((unsigned long long)C);
+    const int64_t Cp = C >> j, lo = INT64_C(1) << 23, hi = INT64_C(1) << 24, dmax = GA_DIV_NEAR >> j;
+    int64_t n = 0;
+    if (Cp == 1) return 0; /* c a power of two: x * r is exact and e = 0 */
+    for (int s = 24; s <= 25; s++) {
+        const int64_t inv = inv_mod((INT64_C(1) << (s - j)) % Cp, Cp);
+        const int64_t x_lo = s == 24 ? C : lo, x_hi = s == 24 ? hi : C; /* the quotient's binade */
+        const int64_t d0 = -dmax | 1; /* the first odd d >= -dmax */
+        int64_t X0 = (((d0 % Cp) + Cp) % Cp) * inv % Cp, step2 = 2 * inv % Cp;
+        for (int64_t d = d0; d <= dmax; d += 2, X0 = X0 + step2 >= Cp ? X0 + step2 - Cp : X0 + step2) {
+            int64_t X = X0;
+            if (X < x_lo) X += (x_lo - X + Cp - 1) / Cp * Cp;
+            for (; X < x_hi; X += Cp) {
+                if (n == GA_DIV_CAP) return -1;
+                out[n++] = (uint32_t)(X - lo);
+            }
+        }
+    }
+    return n;
+}
+
+int64_t ga_divisor_check(int isa, float c, float r, int exhaustive, int nthreads) {
+    divcheck_ctx d;
+    init();
+    if (isa < 0 || isa >= GA_ISA_COUNT || !(g_supported & (1u << isa))) return GA_EUNSUPPORTED;
+    if (!kernel_table[isa]->divcheck) return GA_EUNSUPPORTED;
+    if (!(c >= 0x1p-126f && c <= 0x1.fffffep127f)) return GA_EINVAL; /* positive normal */
+    d.fn = kernel_table[isa]->divcheck;
+    d.c = c;
+    d.r = r;
+    d.bad = 0;
+    if (exhaustive) {
+        ga_job j;
+        j.fn = divcheck_units;
+        j.ctx = &d;
+        j.nunits = GA_DIV_MANTISSAS / GA_DIV_UNIT;
+        j.nth = threads_for(j.nunits, 1, nthreads);
+        j.grain = grain_for(j.nunits, j.nth, 64);
+        j.steal = 1;
+        j.inline_ok = 0;
+        ga_pool_run(&j);
+    } else {
+        uint32_t *mant = (uint32_t *)malloc(GA_DIV_CAP * sizeof(uint32_t));
+        int64_t n;
+        if (!mant) return GA_ENOMEM;
+        n = near_midpoint_mantissas(c, mant);
+        d.bad = n < 0 ? GA_EINVAL : d.fn(c, r, mant, n);
+        free(mant);
+    }
+    return d.bad;
+}
+
+static pthread_mutex_t g_div_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+    uint32_t c_bits;
+    int isa;
+    float r; /* 0: divide */
+} g_div_cache[GA_DIV_CACHE];
+static int g_div_cached, g_div_next;
+
+/* RN(1 / c) if the ISA's division through it equals its divide instruction for every x the kernels see
+ * (ga_internal.h: the inputs near a rounding midpoint decide it, c in [2^-20, 1]); 0 (divide) otherwise.
+ * Checked once per (ISA, c), a few thousand inputs: microseconds. */
+static float divisor_recip(int isa, float c) {
+    float r = 0.0f;
+    uint32_t bits = ga_f32_bits(c);
+    int k, hit = 0;
+    if (!__atomic_load_n(&g_div_by_recip, __ATOMIC_ACQUIRE) || !kernel_table[isa]->divcheck) return 0.0f;
+    if (!(c >= 0x1p-20f && c <= 1.0f)) return 0.0f; /* also NaN */
+    pthread_mutex_lock(&g_div_lock);
+    for (k = 0; k < g_div_cached && !hit; k++)
+        if (g_div_cache[k].c_bits == bits && g_div_cache[k].isa == isa) {
+            r = g_div_cache[k].r;
+            hit = 1;
+        }
+    pthread_mutex_unlock(&g_div_lock);
+    if (hit) return r;
+    r = 1.0f / c;
+    if (ga_divisor_check(isa, c, r, 0, 1) != 0) r = 0.0f; /* never seen; the pass divides then */
+    pthread_mutex_lock(&g_div_lock);
+    g_div_cache[g_div_next].c_bits = bits;
+    g_div_cache[g_div_next].isa = isa;
+    g_div_cache[g_div_next].r = r;
+    g_div_next = (g_div_next + 1) % GA_DIV_CACHE;
+    if (g_div_cached < GA_DIV_CACHE) g_div_cached++;
+    pthread_mutex_unlock(&g_div_lock);
+    return r;
+}
+
+float ga_divisor_recip(float c) {
+    init();
+    return divisor_recip(ga_get_isa(), c);
+}
+
+int ga_set_div_by_recip(int on) {
+    init();
+    __atomic_store_n(&g_div_by_recip, on ? 1 : 0, __ATOMIC_RELEASE);
+    return GA_OK;
+}
+
 static void init_adam_ctx(adam_ctx *c, const ga_adam_args *A) {
+    int isa = ga_get_isa();
     c->a = A;
-    c->fn = kernel_table[ga_get_isa()]->adam;
+    c->fn = kernel_table[isa]->adam;
     c->base = unit_base(A->param, 4);
-    c->nt_ok = nt_ok_for(A);
-    c->stats = kernel_table[ga_get_isa()]->stats;
+    c->pass.nt_ok = nt_ok_for(A);
+    c->pass.bc2s_recip = divisor_recip(isa, A->bias_correction2_sqrt);
+    c->stats = kernel_table[isa]->stats;
     c->sums = NULL;
 }
 

@@ -5,20 +5,65 @@
 #include <string.h>
 #include "grace_adam.h"
 
-/* Adam over elements [begin, end) of the bucket described by args. nt_ok: streaming (non-temporal) stores
- * may be used for the outputs the pass does not read (the bucket is too large to stay in cache; see
- * ga_set_nt_threshold). The stored values are the same either way. */
-typedef void (*ga_adam_fn)(const ga_adam_args *a, int64_t begin, int64_t end, int nt_ok);
+/* What the dispatcher decided for one Adam pass, beside its arguments. The stored values are the same
+ * whatever it decided. */
+typedef struct {
+    /* streaming (non-temporal) stores may be used for the outputs the pass does not read (the bucket is
+     * too large to stay in cache; see ga_set_nt_threshold) */
+    int nt_ok;
+    /* RN(1 / bias_correction2_sqrt) when dividing by bias_correction2_sqrt through this reciprocal (see
+     * GA_DIV_BY_RECIP) is proven to give the IEEE quotient for every input (ga_core.c, divisor_recip);
+     * 0: divide */
+    float bc2s_recip;
+} ga_pass;
+
+/* Adam over elements [begin, end) of the bucket described by args. */
+typedef void (*ga_adam_fn)(const ga_adam_args *a, int64_t begin, int64_t end, const ga_pass *o);
 /* Block sums for the blocks [b0, b1) of a gradient of n elements (see ga_grad_stats). */
 typedef void (*ga_stats_fn)(const void *grad, int32_t dtype, float gs, int64_t n, int64_t b0, int64_t b1,
                             double *block_sums);
 typedef void (*ga_stream7_fn)(float *a, const float *b, float *c, float *d, int64_t begin, int64_t end);
+/* How many of the n inputs x = 1 + mant[k] * 2^-23 (in [1, 2)) the ISA's division by c through the
+ * reciprocal r gets wrong, i.e. not bit-identical to its IEEE division x / c (ga_core.c, divisor_recip). */
+typedef int64_t (*ga_divcheck_fn)(float c, float r, const uint32_t *mant, int64_t n);
 
 typedef struct ga_kernels {
     ga_adam_fn adam;
     ga_stats_fn stats;
     ga_stream7_fn stream7;
+    ga_divcheck_fn divcheck; /* NULL: this ISA always divides */
 } ga_kernels;
+
+/*
+ * Division by the per-call constant c = bias_correction2_sqrt without a divide instruction (one divide
+ * per element is the most expensive arithmetic of the pass at low thread counts):
+ *
+ *   q  = x * r             r = RN(1 / c), computed once per call
+ *   e  = q * c - x         exact (one FMA): the remainder of a quotient within an ulp is representable
+ *   q' = q - e * r         one FMA: the correction (Markstein's step)
+ *
+ * Where q' can differ from the correctly rounded x / c, and how ga_core.c makes sure it does not:
+ * - x = +inf gives e = NaN: the kernels take q (= +inf) there; NaN stays NaN; x = +-0 gives e = +0 and
+ *   q' = q = +-0 (the sign of a zero is kept).
+ * - For c in [2^-20, 1] (c = sqrt(1 - beta2^t) always is) and positive finite x (x = sqrt(v) >= 2^-75),
+ *   every step scales exactly with the exponents of x and c (no overflow, no inexact underflow), so the
+ *   inputs x in [1, 2) with c scaled into [1, 2) stand for all of them.
+ * - There r is within 2^-25 of 1 / c, q within 1.5 ulps of x / c, e exact or (quotient below 1) off by
+ *   at most 2^-47, so q + e * r = x / c + d with |d| < 3.5 * 2^-24 ulps of the quotient: RN(q + e * r)
+ *   can differ from RN(x / c) only where x / c lies that close to a rounding midpoint. With x = X 2^-23,
+ *   c = C 2^-23 and the midpoint (2M + 1) 2^-s (s = 24 for a quotient in [1, 2), 25 in [1/2, 1)), that is
+ *   |X 2^s - (2M + 1) C| < 7: a few X per divisor, found by modular arithmetic (ga_core.c,
+ *   near_midpoint_mantissas, which takes every X within GA_DIV_NEAR = 1024 instead of 7).
+ * ga_core.c runs those inputs through the ISA's own instructions against its divide instruction once per
+ * (ISA, c) and hands out r only if all agree (they always have); otherwise the pass divides. The
+ * exhaustive check of all 2^23 inputs (ga_divisor_check) agrees with the near-midpoint one on every
+ * divisor tested, also for deliberately wrong reciprocals that do fail (tests/grace_adam). Reference: P.
+ * Markstein, "Computation of elementary functions on the IBM RISC System/6000 processor", IBM J. Res.
+ * Dev. 34(1), 1990; N. Brisebarre, J.-M. Muller, S. K. Raina, "Accelerating correctly rounded
+ * floating-point division when the divisor is known in advance", IEEE Trans. Computers 53(8), 2004.
+ */
+#define GA_DIV_MANTISSAS (INT64_C(1) << 23)
+#define GA_DIV_NEAR 1024
 
 /* ---- thread pool (ga_pool.c) ---- */
 
@@ -68,15 +113,15 @@ void ga_stats_neon(const void *grad, int32_t dtype, float gs, int64_t n, int64_t
 /* The `adam` entry of an ISA file's kernel table. The file defines
  *   static inline __attribute__((always_inline))
  *   void adam_impl(const ga_adam_args *A, int64_t begin, int64_t end, int grad_dtype, int lowp_dtype,
- *                  int nt_ok);
- * and this expands to `static void name(a, begin, end, nt_ok)`, which calls it once per (grad dtype, low-precision
+ *                  const ga_pass *o);
+ * and this expands to `static void name(a, begin, end, o)`, which calls it once per (grad dtype, low-precision
  * dtype) pair with constant dtypes, so each of the nine pairs compiles to its own loop with the dtype
  * branches folded away. It reads the arguments from a local copy: float stores through param / m / v may
  * not alias these constants, so they stay in registers. */
 #define GA_ADAM_CASE_(G, L) \
-    case (G) * 4 + (L): adam_impl(&A, begin, end, (G), (L), nt_ok); break;
+    case (G) * 4 + (L): adam_impl(&A, begin, end, (G), (L), o); break;
 #define GA_DEFINE_ADAM_DISPATCH(name)                                                    \
-    static void name(const ga_adam_args *a, int64_t begin, int64_t end, int nt_ok) {     \
+    static void name(const ga_adam_args *a, int64_t begin, int64_t end, const ga_pass *o) { \
         const ga_adam_args A = *a;                                               \
         switch (A.grad_dtype * 4 + A.lowp_dtype) {                               \
             GA_ADAM_CASE_(GA_F32, GA_NONE) GA_ADAM_CASE_(GA_F32, GA_BF16)        \

@@ -6,8 +6,9 @@
 #define AI static inline __attribute__((always_inline))
 
 typedef struct {
-    float32x4_t gs, wd, decay, lerp_c, beta2, omb2, step_size, bc2s, eps;
+    float32x4_t gs, wd, decay, lerp_c, beta2, omb2, step_size, bc2s, bc2s_recip, inf, eps;
     uint32x4_t hi;
+    int recip;
 } consts4;
 
 AI float32x4_t ld_grad(const void *g, int dt, int64_t i) {
@@ -22,6 +23,18 @@ AI uint16x4_t cvt_bf16(float32x4_t p) {
     uint32x4_t r = vshrq_n_u32(vaddq_u32(vaddq_u32(u, vdupq_n_u32(0x7FFF)), lsb), 16);
     r = vbslq_u32(vceqq_f32(p, p), r, vdupq_n_u32(0x7FC0)); /* p == p is false only for NaN */
     return vmovn_u32(r);
+}
+
+/* x / C->bc2s for x >= +-0, +inf or NaN: through the reciprocal when it is proven exact for this divisor
+ * (ga_internal.h, GA_DIV_MANTISSAS), else the divide instruction. Same bits either way. vfmaq/vfmsq are
+ * fused by definition: they are the division's two FMAs, not Adam's arithmetic. */
+AI float32x4_t div_bc2s(const consts4 *C, float32x4_t x) {
+    float32x4_t q, e;
+    if (!C->recip) return vdivq_f32(x, C->bc2s);
+    q = vmulq_f32(x, C->bc2s_recip);
+    e = vfmaq_f32(vnegq_f32(x), q, C->bc2s); /* q * c - x: +0 when x = +-0, as on x86 */
+    /* x < +inf is false only for +inf (e is NaN there; q is the quotient) and NaN (q is NaN) */
+    return vbslq_f32(vcltq_f32(x, C->inf), vfmsq_f32(q, e, C->bc2s_recip), q);
 }
 
 AI void step4(const ga_adam_args *A, const consts4 *C, int64_t i, int gdt, int ldt) {
@@ -44,7 +57,7 @@ AI void step4(const ga_adam_args *A, const consts4 *C, int64_t i, int gdt, int l
         vu = vm;
     }
     {
-        float32x4_t den = vaddq_f32(vdivq_f32(vsqrtq_f32(vu), C->bc2s), C->eps);
+        float32x4_t den = vaddq_f32(div_bc2s(C, vsqrtq_f32(vu)), C->eps);
         p = vsubq_f32(p, vdivq_f32(vmulq_f32(C->step_size, m), den));
     }
     if (A->commit) vst1q_f32(A->param + i, p);
@@ -89,8 +102,8 @@ AI void tail4(const ga_adam_args *A, const consts4 *C, int64_t i, int64_t r, int
     if (ldt != GA_NONE) memcpy((uint16_t *)A->lowp_out + i, lb, h);
 }
 
-AI void adam_impl(const ga_adam_args *A, int64_t begin, int64_t end, int gdt, int ldt, int nt_ok) {
-    (void)nt_ok; /* no streaming stores (STNP) on ARM yet: untuned there */
+AI void adam_impl(const ga_adam_args *A, int64_t begin, int64_t end, int gdt, int ldt, const ga_pass *o) {
+    /* o->nt_ok is not read: no streaming stores (STNP) on ARM yet, untuned there */
     consts4 C;
     int64_t i = begin;
     C.gs = vdupq_n_f32(A->grad_scale);
@@ -101,6 +114,9 @@ AI void adam_impl(const ga_adam_args *A, int64_t begin, int64_t end, int gdt, in
     C.omb2 = vdupq_n_f32(A->one_minus_beta2);
     C.step_size = vdupq_n_f32(A->step_size);
     C.bc2s = vdupq_n_f32(A->bias_correction2_sqrt);
+    C.bc2s_recip = vdupq_n_f32(o->bc2s_recip);
+    C.recip = o->bc2s_recip != 0.0f;
+    C.inf = vdupq_n_f32(__builtin_inff());
     C.eps = vdupq_n_f32(A->eps);
     C.hi = vdupq_n_u32(A->lerp_hi ? 0xFFFFFFFFu : 0u);
     for (; i + 8 <= end; i += 8) { /* 2x unroll: two independent dependency chains per iteration */
@@ -167,4 +183,23 @@ static void stream7_neon(float *a, const float *b, float *c, float *d, int64_t b
     }
 }
 
-const ga_kernels ga_kernels_neon = {adam_neon, ga_stats_neon, stream7_neon};
+static int64_t divcheck_neon(float c, float r, const uint32_t *mant, int64_t n) {
+    consts4 C;
+    int64_t bad = 0;
+    C.bc2s = vdupq_n_f32(c);
+    C.bc2s_recip = vdupq_n_f32(r);
+    C.inf = vdupq_n_f32(__builtin_inff());
+    C.recip = 1;
+    for (int64_t k = 0; k < n; k += 4) {
+        uint32_t mb[4] = {0}, same[4];
+        int live = n - k < 4 ? (int)(n - k) : 4;
+        float32x4_t x;
+        memcpy(mb, mant + k, (size_t)live * 4);
+        x = vreinterpretq_f32_u32(vaddq_u32(vld1q_u32(mb), vdupq_n_u32(0x3F800000u)));
+        vst1q_u32(same, vceqq_u32(vreinterpretq_u32_f32(div_bc2s(&C, x)), vreinterpretq_u32_f32(vdivq_f32(x, C.bc2s))));
+        for (int l = 0; l < live; l++) bad += same[l] == 0;
+    }
+    return bad;
+}
+
+const ga_kernels ga_kernels_neon = {adam_neon, ga_stats_neon, stream7_neon, divcheck_neon};

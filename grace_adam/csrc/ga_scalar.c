@@ -33,10 +33,13 @@ static inline void adam_one(const ga_adam_args *a, int64_t i) {
     else if (a->lowp_dtype == GA_F16) ((uint16_t *)a->lowp_out)[i] = ga_f32_to_f16(p);
 }
 
-static void adam_scalar(const ga_adam_args *a, int64_t begin, int64_t end, int nt_ok) {
+/* The reference divides, always (divcheck NULL): the SIMD paths' division through a reciprocal is
+ * handed out only where it gives these bits. */
+static void adam_scalar(const ga_adam_args *a, int64_t begin, int64_t end, const ga_pass *o) {
     /* A local copy: float stores through param/m/v may not alias these constants, so the compiler can
      * keep them in registers and hoist the loop-invariant branches. */
     const ga_adam_args A = *a;
+    (void)o;
     for (int64_t i = begin; i < end; i++) adam_one(&A, i);
 }
 
@@ -63,4 +66,4 @@ static void stream7_scalar(float *a, const float *b, float *c, float *d, int64_t
     }
 }
 
-const ga_kernels ga_kernels_scalar = {adam_scalar, stats_scalar, stream7_scalar};
+const ga_kernels ga_kernels_scalar = {adam_scalar, stats_scalar, stream7_scalar, NULL};

@@ -18,8 +18,9 @@ extern "C" {
 
 /* Bumped whenever the struct below or the exported functions change (3: ga_sizeof_adam_args,
  * ga_status_name; 4: ga_set_affinity, ga_get_affinity, ga_first_touch, ga_set_nt_threshold,
- * ga_get_nt_threshold). The Python loader refuses a library with another version. */
-#define GA_ABI_VERSION 4
+ * ga_get_nt_threshold; 5: ga_set_div_by_recip, ga_divisor_recip, ga_divisor_check). The Python loader
+ * refuses a library with another version. */
+#define GA_ABI_VERSION 5
 
 #if defined(__GNUC__)
 #define GA_API __attribute__((visibility("default")))
@@ -148,6 +149,20 @@ GA_API int ga_set_nt_threshold(int64_t bytes);
 GA_API int64_t ga_get_nt_threshold(void);
 /* Minimum elements per thread before another thread is used (tests lower it to exercise splits). */
 GA_API int ga_set_min_chunk(int64_t n);
+/*
+ * The SIMD paths divide by bias_correction2_sqrt through its reciprocal and two FMAs (one divide per
+ * element fewer) when that gives the IEEE quotient for every input, which is checked once per (ISA,
+ * divisor) over 2^23 inputs; the values are the same bits either way. ga_set_div_by_recip(0), or
+ * GRACE_ADAM_DIV=divide at load, makes every pass divide (A/B measurements).
+ * ga_divisor_recip: the reciprocal the current ISA's passes use for c (0: they divide).
+ * ga_divisor_check: how many inputs x in [1, 2) the ISA's division by c through r gets wrong: all 2^23
+ * of them (exhaustive; spread over nthreads), or the few thousand near a rounding midpoint that decide it
+ * (what the library checks; ga_internal.h says why). < 0: GA_EUNSUPPORTED for an ISA that always divides
+ * (scalar) or is not available, GA_EINVAL for a c that is not a positive normal float.
+ */
+GA_API int ga_set_div_by_recip(int on);
+GA_API float ga_divisor_recip(float c);
+GA_API int64_t ga_divisor_check(int isa, float c, float r, int exhaustive, int nthreads);
 GA_API int ga_set_isa(int isa); /* GA_EUNSUPPORTED if not compiled in or not supported by this CPU */
 GA_API int ga_get_isa(void);
 GA_API unsigned ga_supported_isas(void); /* compiled in AND supported by the CPU */

@@ -157,6 +157,75 @@ static void run_once(const bufs *in, bufs *out, int64_t n, int cfg, int gdt, int
 
 static int same(const void *a, const void *b, size_t bytes) { return memcmp(a, b, bytes) == 0; }
 
+/* The SIMD paths divide by bias_correction2_sqrt through its reciprocal where the library proved that
+ * exact (grace_adam.h, ga_divisor_check): they must take it for a usual divisor, the check must be able to
+ * fail (a reciprocal 4 ulps off), and the special quotients (+-0, +inf, NaN, subnormal v, eps = -0
+ * where the sign of a zero quotient reaches p) must equal the scalar path's division bit for bit. */
+static void recip_division_checks(unsigned sup, int quick) {
+    enum { N = 67 };
+    static const float vs[] = {0.0f, INFINITY, 1e-45f, 1e-40f, 3.4e38f, 1e-30f, 2.5f, 0.0f};
+    static const float cs[] = {0.0447f, 0.0316227f, 0.7071068f, 1.0f};
+    bufs in, ref, got;
+    alloc_bufs(&in, N), alloc_bufs(&ref, N), alloc_bufs(&got, N);
+    for (int isa = 1; isa < GA_ISA_COUNT; isa++) {
+        if (!(sup & (1u << isa))) continue;
+        ga_set_isa(isa);
+        for (size_t k = 0; k < sizeof(cs) / sizeof(cs[0]); k++) {
+            float r = ga_divisor_recip(cs[k]);
+            check(r == 1.0f / cs[k], "reciprocal taken", ga_isa_name(isa), 0, 0, (int)k);
+        }
+        /* a reciprocal 4 ulps off fails for some inputs, all of them near a midpoint still (ga_internal.h):
+         * the library's near-midpoint check must count exactly the failures the exhaustive check finds
+         * (quick, i.e. under an emulator: the exhaustive 2^23 inputs on the widest path only) */
+        {
+            float c = 0.0447f, r = 1.0f / c;
+            int64_t all, near;
+            for (int k = 0; k < 4; k++) r = nextafterf(r, 0.0f);
+            near = ga_divisor_check(isa, c, r, 0, 1);
+            all = (!quick || (sup >> (isa + 1)) == 0) ? ga_divisor_check(isa, c, r, 1, 2) : near;
+            check(near > 0 && near == all, "check can fail", ga_isa_name(isa), all, (int)near, 0);
+        }
+    }
+    for (int64_t i = 0; i < N; i++) {
+        in.p[i] = wild() * 1e3f;
+        in.m[i] = (i % 5 == 0) ? 0.0f : wild();
+        in.v[i] = vs[i % 8];
+        in.vm[i] = (i % 3 == 0) ? -0.0f : in.v[i];
+        ((float *)in.g)[i] = (i % 4 == 0) ? 0.0f : wild();
+    }
+    for (int cfg = 0; cfg < 8; cfg++) {
+        ga_adam_args a;
+        memset(&a, 0, sizeof(a));
+        a.n = N;
+        a.grad_dtype = GA_F32;
+        a.lowp_dtype = GA_NONE;
+        a.commit = 1;
+        a.grad_scale = 1.0f;
+        a.decay = 1.0f;
+        a.lerp_c = 0.1f;
+        a.beta2 = (cfg & 4) ? 0.0f : 0.999f; /* beta2 = 0: v = g * g, the zeros and subnormals reach sqrt */
+        a.one_minus_beta2 = 1.0f - a.beta2;
+        a.step_size = 1e-3f;
+        a.bias_correction2_sqrt = (cfg & 4) ? 1.0f : 0.0447f;
+        a.eps = (cfg & 1) ? -0.0f : 1e-8f; /* -0: den = x / c + eps keeps the sign of a zero quotient */
+        for (int isa = 0; isa < GA_ISA_COUNT; isa++) {
+            bufs *o = isa == 0 ? &ref : &got;
+            if (!(sup & (1u << isa))) continue;
+            memcpy(o->p, in.p, N * 4), memcpy(o->m, in.m, N * 4), memcpy(o->v, in.v, N * 4);
+            memcpy(o->vm, in.vm, N * 4);
+            a.param = o->p, a.exp_avg = o->m, a.exp_avg_sq = o->v, a.grad = in.g;
+            a.max_exp_avg_sq = (cfg & 2) ? o->vm : NULL;
+            ga_set_isa(isa);
+            if (ga_adam_step(&a, 1) != GA_OK) failures++;
+            if (isa)
+                check(same(ref.p, got.p, N * 4) && same(ref.m, got.m, N * 4) && same(ref.v, got.v, N * 4) &&
+                          same(ref.vm, got.vm, N * 4),
+                      "special quotients", ga_isa_name(isa), N, 1, cfg);
+        }
+    }
+    free_bufs(&in), free_bufs(&ref), free_bufs(&got);
+}
+
 int main(int argc, char **argv) {
     static const int64_t sizes[] = {1, 3, 7, 15, 16, 17, 31, 33, 63, 65, 1000, 1003, 4099, 40001};
     static const int thread_counts[] = {1, 2, 3, 4};
@@ -270,6 +339,7 @@ int main(int argc, char **argv) {
         }
     }
     free_bufs(&in), free_bufs(&ref), free_bufs(&got);
+    recip_division_checks(sup, quick);
     if (failures) {
         printf("FAIL: %d mismatches\n", failures);
         return 1;
