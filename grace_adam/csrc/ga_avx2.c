@@ -85,9 +85,25 @@ AI void compute8(const ga_adam_args *A, const consts8 *C, lanes8 *x) {
         else _mm_storeu_si128((__m128i *)((uint16_t *)(dst) + i + 8 * u), h_);            \
     }
 
-AI void step_block(const ga_adam_args *A, const consts8 *C, int64_t i, int gdt, int ldt, int nt, int nblk) {
+/* Software prefetch distance in elements, as in ga_avx512.c (0: none; --cflags=-DGA_PREFETCH=N). Here only
+ * for passes larger than the last-level cache (`pf`, the streaming-store threshold): on buckets that stay
+ * in cache the extra instructions cost more than they bring (docs/results.md, "GraceAdam x86 tuning"). */
+#ifndef GA_PREFETCH
+#define GA_PREFETCH 512
+#endif
+
+AI void step_block(const ga_adam_args *A, const consts8 *C, int64_t i, int gdt, int ldt, int nt, int nblk,
+                   int pf) {
     lanes8 x[GA_BLOCK8];
     int u;
+    if (GA_PREFETCH > 0 && pf && nblk == GA_BLOCK8) { /* a block is one 64-byte line per fp32 stream */
+        int64_t ahead = i + GA_PREFETCH;
+        _mm_prefetch((const char *)((const char *)A->grad + ahead * (gdt == GA_F32 ? 4 : 2)), _MM_HINT_T0);
+        _mm_prefetch((const char *)(A->exp_avg + ahead), _MM_HINT_T0);
+        _mm_prefetch((const char *)(A->exp_avg_sq + ahead), _MM_HINT_T0);
+        _mm_prefetch((const char *)(A->param + ahead), _MM_HINT_T0);
+        if (A->max_exp_avg_sq) _mm_prefetch((const char *)(A->max_exp_avg_sq + ahead), _MM_HINT_T0);
+    }
     for (u = 0; u < nblk; u++) x[u].g = ld_grad(A->grad, gdt, i + 8 * u);
     for (u = 0; u < nblk; u++) x[u].m = _mm256_loadu_ps(A->exp_avg + i + 8 * u);
     for (u = 0; u < nblk; u++) x[u].v = _mm256_loadu_ps(A->exp_avg_sq + i + 8 * u);
@@ -114,7 +130,7 @@ AI void step_block(const ga_adam_args *A, const consts8 *C, int64_t i, int gdt, 
 
 /* One vector (the tail's zero-padded copy goes through here too). */
 AI void step8(const ga_adam_args *A, const consts8 *C, int64_t i, int gdt, int ldt) {
-    step_block(A, C, i, gdt, ldt, 0, 1);
+    step_block(A, C, i, gdt, ldt, 0, 1, 0);
 }
 
 /* Runs the vector body on a zero-padded copy of the last r < 8 elements. */
@@ -170,8 +186,8 @@ AI void adam_impl(const ga_adam_args *A, int64_t begin, int64_t end, int gdt, in
     /* Streaming stores need aligned destinations; a block keeps the alignment it starts with. */
     nt = o->nt_ok && ga_fresh_outputs_aligned(A, i, 32, 16);
     if (nt)
-        for (; i + 8 * GA_BLOCK8 <= end; i += 8 * GA_BLOCK8) step_block(A, &C, i, gdt, ldt, 1, GA_BLOCK8);
-    for (; i + 8 * GA_BLOCK8 <= end; i += 8 * GA_BLOCK8) step_block(A, &C, i, gdt, ldt, 0, GA_BLOCK8);
+        for (; i + 8 * GA_BLOCK8 <= end; i += 8 * GA_BLOCK8) step_block(A, &C, i, gdt, ldt, 1, GA_BLOCK8, o->nt_ok);
+    for (; i + 8 * GA_BLOCK8 <= end; i += 8 * GA_BLOCK8) step_block(A, &C, i, gdt, ldt, 0, GA_BLOCK8, o->nt_ok);
     for (; i + 8 <= end; i += 8) step8(A, &C, i, gdt, ldt);
     if (i < end) tail8(A, &C, i, end - i, gdt, ldt);
     if (nt) _mm_sfence(); /* streaming stores are weakly ordered: drain them before the call returns */

@@ -126,6 +126,15 @@ AI void step16(const ga_adam_args *A, const consts16 *C, int64_t i, __mmask16 k,
 #define GA_BLOCK 2
 #endif
 
+/* Software prefetch distance in elements (0: none). With the divides and square roots of a block in
+ * flight the core keeps too few of its loads outstanding for DRAM's latency at 1-2 threads; the hardware
+ * prefetcher alone left the pass at 0.88-0.96x of DeepSpeedCPUAdam on 16M-64M buckets. 512 elements is
+ * 2 KB per stream (docs/results.md, "GraceAdam x86 tuning"; rebuild with --cflags=-DGA_PREFETCH=N). A
+ * prefetch past the end of a buffer is a hint: it never faults. */
+#ifndef GA_PREFETCH
+#define GA_PREFETCH 512
+#endif
+
 /* Stores of a block to a buffer this pass does not read: with `nt`, streaming (non-temporal) stores,
  * which skip the read-for-ownership of the destination line (the buffer is not read again soon: the next
  * step's inputs, or the upload copy the DMA engine reads). */
@@ -144,6 +153,15 @@ AI void step16(const ga_adam_args *A, const consts16 *C, int64_t i, __mmask16 k,
 AI void step_block(const ga_adam_args *A, const consts16 *C, int64_t i, int gdt, int ldt, int nt) {
     lanes16 x[GA_BLOCK];
     int u;
+    if (GA_PREFETCH > 0) /* every line of the streams it reads, GA_PREFETCH elements ahead */
+        for (u = 0; u < GA_BLOCK; u++) {
+            int64_t ahead = i + GA_PREFETCH + 16 * u;
+            _mm_prefetch((const char *)((const char *)A->grad + ahead * (gdt == GA_F32 ? 4 : 2)), _MM_HINT_T0);
+            _mm_prefetch((const char *)(A->exp_avg + ahead), _MM_HINT_T0);
+            _mm_prefetch((const char *)(A->exp_avg_sq + ahead), _MM_HINT_T0);
+            _mm_prefetch((const char *)(A->param + ahead), _MM_HINT_T0);
+            if (A->max_exp_avg_sq) _mm_prefetch((const char *)(A->max_exp_avg_sq + ahead), _MM_HINT_T0);
+        }
     for (u = 0; u < GA_BLOCK; u++) x[u].g = ld_grad(A->grad, gdt, i + 16 * u, 0xFFFF, 1);
     for (u = 0; u < GA_BLOCK; u++) x[u].m = _mm512_loadu_ps(A->exp_avg + i + 16 * u);
     for (u = 0; u < GA_BLOCK; u++) x[u].v = _mm512_loadu_ps(A->exp_avg_sq + i + 16 * u);
