@@ -215,6 +215,12 @@ def divisor_recip(c: float) -> float:
     return 0.0 if LIB is None else float(LIB.ga_divisor_recip(c))
 
 
+def division_mode() -> str:
+    """How this process's passes divide by sqrt(1 - beta2^t): "reciprocal" (the SIMD paths, where proven
+    exact) or "divide" (the scalar path, the torch fallback, or GRACE_ADAM_DIV=divide). Same bits either way."""
+    return "reciprocal" if divisor_recip(0.5**0.5) != 0.0 else "divide"
+
+
 def divisor_check(c: float, r: float, *, exhaustive: bool = False, isa_name: str | None = None,
                   threads: int = 0) -> int:
     """How many inputs x in [1, 2) the ISA path's division by ``c`` through ``r`` gets wrong: all 2^23 of

@@ -45,11 +45,13 @@ def test_bench_adam_thread_scaling(tmp_path, capsys, monkeypatch):
                      "--first-touch", "--out", str(out)]) == 0
     rec = record.read_result(out, "adam_bench")  # validated against adam_bench.schema.json
     assert rec["usable_cpus"] == 1 and rec["first_touch"] is True
+    assert rec["grace_division"] == grace_adam._backend.division_mode()
     assert [(m["threads"], m["oversubscribed"]) for m in rec["measurements"]] == [(1, False), (2, True)]
     assert all(m["grace_pinned"] is grace_adam.pool.pinning_supported() for m in rec["measurements"])
     lines = capsys.readouterr().out.splitlines()
     head = lines.index(next(x for x in lines if x.startswith("GB/s at 28 B/param by thread count")))
     assert "(1 usable CPUs; GraceAdam pool" in lines[head] and "first touch by its threads" in lines[head]
+    assert ("divides through the reciprocal" in lines[head]) is (rec["grace_division"] == "reciprocal")
     assert lines[head + 1].split() == ["numel", "thr", "grace_adam", "torch_fused", "deepspeed", "grace/best"]
     for m, row in zip(rec["measurements"], lines[head + 2:head + 4], strict=True):
         ks, cells = m["kernels"], row.split()

@@ -34,6 +34,9 @@ its threads, `docs/grace_adam.md`), not the memory system. `--pin` pins GraceAda
 N CPUs of the affinity mask (`grace_adam.set_affinity`; torch's and DeepSpeed's OpenMP threads are left
 as they are); `--first-touch` allocates the shared buffers with `grace_adam.pool.zeros`, so their pages
 are first written by GraceAdam's threads in the split its pass uses (on a NUMA host, on their nodes).
+The header and the record (`grace_division`) say how GraceAdam divided by sqrt(1 - beta2^t): through the
+reciprocal (its SIMD paths, where proven exact) or the divide instruction only; `GRACE_ADAM_DIV=divide
+superoffload bench adam ...` runs the second, for an A/B (the same bits either way, docs/grace_adam.md).
 
 The first run on a machine JIT-builds DeepSpeed's CPU Adam op (~1-2 min, cached in
 TORCH_EXTENSIONS_DIR); a line says so first (superoffload/ds_build.py). The output is one JSON
@@ -256,6 +259,7 @@ def run(numels: list[int], threads: list[int], repeats: int, out: str | None, pi
         first_touch: bool = False) -> dict[str, Any]:
     """Measure every size at every thread count (one subprocess per thread count); write one record."""
     import grace_adam
+    from grace_adam import _backend
     from superoffload.harness.provenance import collect
 
     _prepare_deepspeed()
@@ -284,6 +288,7 @@ def run(numels: list[int], threads: list[int], repeats: int, out: str | None, pi
         "grace_isa": grace_adam.isa(),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
         "grace_native": grace_adam.native_available(),
+        "grace_division": _backend.division_mode(),
         "provenance": collect("cpu"),
         "usable_cpus": cpus,
         "first_touch": first_touch,
@@ -327,7 +332,9 @@ def format_scaling(rec: dict[str, Any]) -> str:
     pinned = all(r.get("grace_pinned") for r in rec["measurements"])
     lines = [f"GB/s at {rec['bytes_per_param']} B/param by thread count ({cpus} usable CPUs; GraceAdam pool "
              f"{'pinned' if pinned else 'not pinned'}, first touch "
-             f"{'by its threads' if rec.get('first_touch') else 'serial'})",
+             f"{'by its threads' if rec.get('first_touch') else 'serial'}"
+             + (", divides through the reciprocal" if rec.get("grace_division") == "reciprocal" else "")
+             + (", divide instruction only" if rec.get("grace_division") == "divide" else "") + ")",
              f"{'numel':>10} {'thr':>4} {'grace_adam':>10} {'torch_fused':>11} {'deepspeed':>10} {'grace/best':>10}"]
     for r in rec["measurements"]:
         ks = r["kernels"]
