@@ -31,6 +31,7 @@ static int64_t g_min_chunk = 32768; /* elements per thread: below this, waking a
 static int64_t g_nt_threshold = 32 << 20; /* bytes a pass moves before it streams its fresh outputs */
 static int g_div_by_recip = 1;             /* GRACE_ADAM_DIV=divide: 0 (for A/B measurements) */
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static void div_atfork_child(void);
 
 /* ------------------------------------------------------------------------------------------------ */
 /* dispatch                                                                                           */
@@ -111,6 +112,7 @@ static void detect(void) {
     env = getenv("GRACE_ADAM_DIV");
     if (env && strcmp(env, "divide") == 0) g_div_by_recip = 0;
     ga_pool_init();
+    pthread_atfork(NULL, NULL, div_atfork_child);
 }
 
 static void init(void) { pthread_once(&g_once, detect); }
@@ -417,6 +419,14 @@ static float divisor_recip(int isa, float c) {
     if (g_div_cached < GA_DIV_CACHE) g_div_cached++;
     pthread_mutex_unlock(&g_div_lock);
     return r;
+}
+
+/* After fork() only the forking thread exists in the child: the lock may have been held by another thread,
+ * and an entry may be half written. Start both afresh (a verdict is recomputed in microseconds). */
+static void div_atfork_child(void) {
+    pthread_mutex_init(&g_div_lock, NULL);
+    g_div_cached = 0;
+    g_div_next = 0;
 }
 
 float ga_divisor_recip(float c) {

@@ -140,3 +140,34 @@ def test_same_bits_as_dividing(isa_name, eps, amsgrad, isa_restore):
         results[mode] = [t.view(torch.int32) for t in (p, m, v, vm)] + [low.view(torch.int16)]
     for a, b, c in zip(results["reciprocal"], results["divide"], results["scalar"], strict=True):
         assert torch.equal(a, b) and torch.equal(a, c)
+
+
+FORK_SCRIPT = """
+import os, torch, grace_adam
+from grace_adam import _backend
+
+def step():
+    gen = torch.Generator().manual_seed(0)
+    p, g, m, v = (torch.rand(1 << 16, generator=gen) for _ in range(4))
+    grace_adam.adam_step(p, g, m, v, step=3, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, threads=2)
+    return p
+
+ref, mode = step(), _backend.division_mode()   # the parent's verdict cache and pool exist now
+pid = os.fork()
+if pid == 0:
+    os._exit(0 if torch.equal(step(), ref) and _backend.division_mode() == mode else 1)
+_, status = os.waitpid(pid, 0)
+print(mode, "ok" if os.waitstatus_to_exitcode(status) == 0 else "the child differs")
+"""
+
+
+@requires_simd
+def test_a_forked_child_divides_as_its_parent():
+    """After fork() the child starts its divisor verdicts afresh (the lock and a half-written entry of a
+    thread that does not exist there) and steps to the parent's bits."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", FORK_SCRIPT], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["reciprocal", "ok"]
