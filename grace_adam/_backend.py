@@ -8,6 +8,7 @@ Environment:
   GRACE_ADAM_CPUS=LIST       pin the pool to these CPUs at import, e.g. 1-15 or 2,3,8-11 (grace_adam.pool)
   GRACE_ADAM_NT_THRESHOLD=B  bytes a pass moves before it uses streaming stores (default: the LLC size)
   GRACE_ADAM_LAZY_BUILD=1    if the library is missing, build it in place at import (development)
+  GRACE_ADAM_PREFETCH=N      software prefetch distance in elements of the x86 passes (default 512; 0: none)
   GRACE_ADAM_DIV=divide      always use the divide instruction for sqrt(v) / sqrt(1 - beta2^t), never the
                              reciprocal (same bits either way; for A/B measurements, docs/grace_adam.md)
 """
@@ -82,6 +83,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         "ga_compiled_isas": (ctypes.c_uint, []),
         "ga_isa_name": (ctypes.c_char_p, [i32]),
         "ga_set_div_by_recip": (i32, [i32]),
+        "ga_set_prefetch": (i32, [i64]),
+        "ga_get_prefetch": (i64, []),
         "ga_divisor_recip": (f32, [f32]),
         "ga_divisor_check": (i64, [i32, f32, f32, i32, i32]),
     }
@@ -213,6 +216,17 @@ def divisor_recip(c: float) -> float:
     """The reciprocal the current ISA path divides by ``c`` through (0.0: it divides; always 0.0 on the
     scalar path and the torch fallback)."""
     return 0.0 if LIB is None else float(LIB.ga_divisor_recip(c))
+
+
+def get_prefetch() -> int:
+    """The x86 passes' software prefetch distance in elements (0: none, and on every other path)."""
+    return 0 if LIB is None else int(LIB.ga_get_prefetch())
+
+
+def set_prefetch(elements: int) -> None:
+    """Set the x86 passes' software prefetch distance (A/B measurements; values are the same)."""
+    if LIB is not None and LIB.ga_set_prefetch(int(elements)) != 0:
+        raise ValueError(f"prefetch distance must be >= 0 elements, got {elements!r}")
 
 
 def division_mode() -> str:

@@ -85,19 +85,16 @@ AI void compute8(const ga_adam_args *A, const consts8 *C, lanes8 *x) {
         else _mm_storeu_si128((__m128i *)((uint16_t *)(dst) + i + 8 * u), h_);            \
     }
 
-/* Software prefetch distance in elements, as in ga_avx512.c (0: none; --cflags=-DGA_PREFETCH=N). Here only
- * for passes larger than the last-level cache (`pf`, the streaming-store threshold): on buckets that stay
- * in cache the extra instructions cost more than they bring (docs/results.md, "GraceAdam x86 tuning"). */
-#ifndef GA_PREFETCH
-#define GA_PREFETCH 512
-#endif
 
+/* pf > 0: prefetch the line of each stream the block reads, pf elements ahead, as in ga_avx512.c. The AVX2
+ * path does it only in passes larger than the last-level cache (adam_impl): on buckets that stay in cache the
+ * extra instructions cost more than they bring (docs/results.md, "GraceAdam x86 tuning"). */
 AI void step_block(const ga_adam_args *A, const consts8 *C, int64_t i, int gdt, int ldt, int nt, int nblk,
-                   int pf) {
+                   int64_t pf) {
     lanes8 x[GA_BLOCK8];
     int u;
-    if (GA_PREFETCH > 0 && pf && nblk == GA_BLOCK8) { /* a block is one 64-byte line per fp32 stream */
-        int64_t ahead = i + GA_PREFETCH;
+    if (pf > 0 && nblk == GA_BLOCK8) { /* a block is one 64-byte line per fp32 stream */
+        int64_t ahead = i + pf;
         _mm_prefetch((const char *)((const char *)A->grad + ahead * (gdt == GA_F32 ? 4 : 2)), _MM_HINT_T0);
         _mm_prefetch((const char *)(A->exp_avg + ahead), _MM_HINT_T0);
         _mm_prefetch((const char *)(A->exp_avg_sq + ahead), _MM_HINT_T0);
@@ -168,7 +165,7 @@ AI void tail8(const ga_adam_args *A, const consts8 *C, int64_t i, int64_t r, int
 
 AI void adam_impl(const ga_adam_args *A, int64_t begin, int64_t end, int gdt, int ldt, const ga_pass *o) {
     consts8 C;
-    int64_t i = begin;
+    int64_t i = begin, pf;
     int nt = 0;
     C.gs = _mm256_set1_ps(A->grad_scale);
     C.wd = _mm256_set1_ps(A->weight_decay);
@@ -185,9 +182,10 @@ AI void adam_impl(const ga_adam_args *A, int64_t begin, int64_t end, int gdt, in
     C.hi = _mm256_castsi256_ps(_mm256_set1_epi32(A->lerp_hi ? -1 : 0));
     /* Streaming stores need aligned destinations; a block keeps the alignment it starts with. */
     nt = o->nt_ok && ga_fresh_outputs_aligned(A, i, 32, 16);
+    pf = o->nt_ok ? o->prefetch : 0;
     if (nt)
-        for (; i + 8 * GA_BLOCK8 <= end; i += 8 * GA_BLOCK8) step_block(A, &C, i, gdt, ldt, 1, GA_BLOCK8, o->nt_ok);
-    for (; i + 8 * GA_BLOCK8 <= end; i += 8 * GA_BLOCK8) step_block(A, &C, i, gdt, ldt, 0, GA_BLOCK8, o->nt_ok);
+        for (; i + 8 * GA_BLOCK8 <= end; i += 8 * GA_BLOCK8) step_block(A, &C, i, gdt, ldt, 1, GA_BLOCK8, pf);
+    for (; i + 8 * GA_BLOCK8 <= end; i += 8 * GA_BLOCK8) step_block(A, &C, i, gdt, ldt, 0, GA_BLOCK8, pf);
     for (; i + 8 <= end; i += 8) step8(A, &C, i, gdt, ldt);
     if (i < end) tail8(A, &C, i, end - i, gdt, ldt);
     if (nt) _mm_sfence(); /* streaming stores are weakly ordered: drain them before the call returns */

@@ -126,14 +126,6 @@ AI void step16(const ga_adam_args *A, const consts16 *C, int64_t i, __mmask16 k,
 #define GA_BLOCK 2
 #endif
 
-/* Software prefetch distance in elements (0: none). With the divides and square roots of a block in
- * flight the core keeps too few of its loads outstanding for DRAM's latency at 1-2 threads; the hardware
- * prefetcher alone left the pass at 0.88-0.96x of DeepSpeedCPUAdam on 16M-64M buckets. 512 elements is
- * 2 KB per stream (docs/results.md, "GraceAdam x86 tuning"; rebuild with --cflags=-DGA_PREFETCH=N). A
- * prefetch past the end of a buffer is a hint: it never faults. */
-#ifndef GA_PREFETCH
-#define GA_PREFETCH 512
-#endif
 
 /* Stores of a block to a buffer this pass does not read: with `nt`, streaming (non-temporal) stores,
  * which skip the read-for-ownership of the destination line (the buffer is not read again soon: the next
@@ -150,12 +142,15 @@ AI void step16(const ga_adam_args *A, const consts16 *C, int64_t i, __mmask16 k,
         else _mm256_storeu_si256((__m256i *)((uint16_t *)(dst) + i + 16 * u), h_);        \
     }
 
-AI void step_block(const ga_adam_args *A, const consts16 *C, int64_t i, int gdt, int ldt, int nt) {
+/* pf > 0: prefetch every line of the streams the block reads, pf elements ahead (ga_core.c, ga_set_prefetch:
+ * with a block's square roots and divides in flight the core keeps too few loads outstanding for DRAM at 1-2
+ * threads). A prefetch past the end of a buffer is a hint: it never faults. */
+AI void step_block(const ga_adam_args *A, const consts16 *C, int64_t i, int gdt, int ldt, int nt, int64_t pf) {
     lanes16 x[GA_BLOCK];
     int u;
-    if (GA_PREFETCH > 0) /* every line of the streams it reads, GA_PREFETCH elements ahead */
+    if (pf > 0)
         for (u = 0; u < GA_BLOCK; u++) {
-            int64_t ahead = i + GA_PREFETCH + 16 * u;
+            int64_t ahead = i + pf + 16 * u;
             _mm_prefetch((const char *)((const char *)A->grad + ahead * (gdt == GA_F32 ? 4 : 2)), _MM_HINT_T0);
             _mm_prefetch((const char *)(A->exp_avg + ahead), _MM_HINT_T0);
             _mm_prefetch((const char *)(A->exp_avg_sq + ahead), _MM_HINT_T0);
@@ -205,8 +200,8 @@ AI void adam_impl(const ga_adam_args *A, int64_t begin, int64_t end, int gdt, in
     /* Streaming stores need aligned destinations; a block keeps the alignment it starts with. */
     nt = o->nt_ok && ga_fresh_outputs_aligned(A, i, 64, 32);
     if (nt)
-        for (; i + 16 * GA_BLOCK <= end; i += 16 * GA_BLOCK) step_block(A, &C, i, gdt, ldt, 1);
-    for (; i + 16 * GA_BLOCK <= end; i += 16 * GA_BLOCK) step_block(A, &C, i, gdt, ldt, 0);
+        for (; i + 16 * GA_BLOCK <= end; i += 16 * GA_BLOCK) step_block(A, &C, i, gdt, ldt, 1, o->prefetch);
+    for (; i + 16 * GA_BLOCK <= end; i += 16 * GA_BLOCK) step_block(A, &C, i, gdt, ldt, 0, o->prefetch);
     for (; i + 16 <= end; i += 16) step16(A, &C, i, 0xFFFF, 1, gdt, ldt);
     if (i < end) step16(A, &C, i, (__mmask16)((1u << (unsigned)(end - i)) - 1u), 0, gdt, ldt);
     if (nt) _mm_sfence(); /* streaming stores are weakly ordered: drain them before the call returns */

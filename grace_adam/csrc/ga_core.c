@@ -30,6 +30,12 @@ static int g_default_threads = 1;
 static int64_t g_min_chunk = 32768; /* elements per thread: below this, waking a thread costs more */
 static int64_t g_nt_threshold = 32 << 20; /* bytes a pass moves before it streams its fresh outputs */
 static int g_div_by_recip = 1;             /* GRACE_ADAM_DIV=divide: 0 (for A/B measurements) */
+/* Software prefetch distance (elements) of the x86 passes: 512 = 2 KB per fp32 stream; the A/B is in
+ * docs/results.md ("GraceAdam x86 tuning"). GRACE_ADAM_PREFETCH or ga_set_prefetch change it, 0 = none. */
+#ifndef GA_PREFETCH
+#define GA_PREFETCH 512
+#endif
+static int64_t g_prefetch = GA_PREFETCH;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static void div_atfork_child(void);
 
@@ -109,6 +115,8 @@ static void detect(void) {
         env = getenv("GRACE_ADAM_NT_THRESHOLD");
         if (env && *env && atoll(env) >= 0) g_nt_threshold = atoll(env);
     }
+    env = getenv("GRACE_ADAM_PREFETCH");
+    if (env && *env && atoll(env) >= 0) g_prefetch = atoll(env);
     env = getenv("GRACE_ADAM_DIV");
     if (env && strcmp(env, "divide") == 0) g_div_by_recip = 0;
     ga_pool_init();
@@ -434,6 +442,18 @@ float ga_divisor_recip(float c) {
     return divisor_recip(ga_get_isa(), c);
 }
 
+int ga_set_prefetch(int64_t elements) {
+    init();
+    if (elements < 0) return GA_EINVAL;
+    __atomic_store_n(&g_prefetch, elements, __ATOMIC_RELEASE);
+    return GA_OK;
+}
+
+int64_t ga_get_prefetch(void) {
+    init();
+    return __atomic_load_n(&g_prefetch, __ATOMIC_ACQUIRE);
+}
+
 int ga_set_div_by_recip(int on) {
     init();
     __atomic_store_n(&g_div_by_recip, on ? 1 : 0, __ATOMIC_RELEASE);
@@ -447,6 +467,7 @@ static void init_adam_ctx(adam_ctx *c, const ga_adam_args *A) {
     c->base = unit_base(A->param, 4);
     c->pass.nt_ok = nt_ok_for(A);
     c->pass.bc2s_recip = divisor_recip(isa, A->bias_correction2_sqrt);
+    c->pass.prefetch = ga_get_prefetch();
     c->stats = kernel_table[isa]->stats;
     c->sums = NULL;
 }

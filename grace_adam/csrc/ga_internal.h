@@ -15,6 +15,8 @@ typedef struct {
      * GA_DIV_BY_RECIP) is proven to give the IEEE quotient for every input (ga_core.c, divisor_recip);
      * 0: divide */
     float bc2s_recip;
+    /* software prefetch distance in elements for the streams the pass reads (0: none; ga_set_prefetch) */
+    int64_t prefetch;
 } ga_pass;
 
 /* Adam over elements [begin, end) of the bucket described by args. */

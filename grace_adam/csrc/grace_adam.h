@@ -18,8 +18,8 @@ extern "C" {
 
 /* Bumped whenever the struct below or the exported functions change (3: ga_sizeof_adam_args,
  * ga_status_name; 4: ga_set_affinity, ga_get_affinity, ga_first_touch, ga_set_nt_threshold,
- * ga_get_nt_threshold; 5: ga_set_div_by_recip, ga_divisor_recip, ga_divisor_check). The Python loader
- * refuses a library with another version. */
+ * ga_get_nt_threshold; 5: ga_set_div_by_recip, ga_divisor_recip, ga_divisor_check, ga_set_prefetch,
+ * ga_get_prefetch). The Python loader refuses a library with another version. */
 #define GA_ABI_VERSION 5
 
 #if defined(__GNUC__)
@@ -160,6 +160,10 @@ GA_API int ga_set_min_chunk(int64_t n);
  * (what the library checks; ga_internal.h says why). < 0: GA_EUNSUPPORTED for an ISA that always divides
  * (scalar) or is not available, GA_EINVAL for a c that is not a positive normal float.
  */
+/* Software prefetch distance in elements of the x86 passes (AVX-512: every pass; AVX2: passes larger than
+ * the last-level cache); 0 = none. Default 512, or GRACE_ADAM_PREFETCH at load. Values are the same. */
+GA_API int ga_set_prefetch(int64_t elements);
+GA_API int64_t ga_get_prefetch(void);
 GA_API int ga_set_div_by_recip(int on);
 GA_API float ga_divisor_recip(float c);
 GA_API int64_t ga_divisor_check(int isa, float c, float r, int exhaustive, int nthreads);

@@ -197,3 +197,27 @@ def test_struct_layout_checked_against_the_library(monkeypatch):
     c_size = _backend.LIB.ga_sizeof_adam_args()
     assert f"ga_adam_args is {c_size} bytes" in reason and f"AdamArgs is {c_size + 8}" in reason
     assert "out of step" in reason
+
+
+@requires_native
+def test_prefetch_distance_changes_no_bits():
+    """GRACE_ADAM_PREFETCH / set_prefetch is a tuning knob: the x86 passes' results are the same bits at any
+    distance (and none); a negative distance is refused."""
+    before = _backend.get_prefetch()
+    outs = []
+    try:
+        for distance in (0, 64, 512, 4096):
+            _backend.set_prefetch(distance)
+            assert _backend.get_prefetch() == distance
+            gen = torch.Generator().manual_seed(5)
+            p, g, m, v = (torch.randn(300_007, generator=gen) for _ in range(4))
+            v = v.abs()
+            low = torch.empty_like(p, dtype=torch.bfloat16)
+            grace_adam.adam_step(p, g, m, v, step=4, lr=1e-3, beta1=0.9, beta2=0.999, eps=1e-8, lowp_out=low)
+            outs.append((p, m, v, low))
+        with pytest.raises(ValueError, match=">= 0"):
+            _backend.set_prefetch(-1)
+    finally:
+        _backend.set_prefetch(before)
+    for other in outs[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(outs[0], other, strict=True))

@@ -46,6 +46,7 @@ def test_bench_adam_thread_scaling(tmp_path, capsys, monkeypatch):
     rec = record.read_result(out, "adam_bench")  # validated against adam_bench.schema.json
     assert rec["usable_cpus"] == 1 and rec["first_touch"] is True
     assert rec["grace_division"] == grace_adam._backend.division_mode()
+    assert rec["grace_prefetch"] == grace_adam._backend.get_prefetch()
     assert [(m["threads"], m["oversubscribed"]) for m in rec["measurements"]] == [(1, False), (2, True)]
     assert all(m["grace_pinned"] is grace_adam.pool.pinning_supported() for m in rec["measurements"])
     lines = capsys.readouterr().out.splitlines()

@@ -36,7 +36,8 @@ as they are); `--first-touch` allocates the shared buffers with `grace_adam.pool
 are first written by GraceAdam's threads in the split its pass uses (on a NUMA host, on their nodes).
 The header and the record (`grace_division`) say how GraceAdam divided by sqrt(1 - beta2^t): through the
 reciprocal (its SIMD paths, where proven exact) or the divide instruction only; `GRACE_ADAM_DIV=divide
-superoffload bench adam ...` runs the second, for an A/B (the same bits either way, docs/grace_adam.md).
+superoffload bench adam ...` runs the second, for an A/B (the same bits either way, docs/grace_adam.md);
+likewise `grace_prefetch`, GraceAdam's software prefetch distance on x86 (`GRACE_ADAM_PREFETCH=0`: none).
 
 The first run on a machine JIT-builds DeepSpeed's CPU Adam op (~1-2 min, cached in
 TORCH_EXTENSIONS_DIR); a line says so first (superoffload/ds_build.py). The output is one JSON
@@ -289,6 +290,7 @@ def run(numels: list[int], threads: list[int], repeats: int, out: str | None, pi
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"),
         "grace_native": grace_adam.native_available(),
         "grace_division": _backend.division_mode(),
+        "grace_prefetch": _backend.get_prefetch(),
         "provenance": collect("cpu"),
         "usable_cpus": cpus,
         "first_touch": first_touch,
@@ -334,7 +336,8 @@ def format_scaling(rec: dict[str, Any]) -> str:
              f"{'pinned' if pinned else 'not pinned'}, first touch "
              f"{'by its threads' if rec.get('first_touch') else 'serial'}"
              + (", divides through the reciprocal" if rec.get("grace_division") == "reciprocal" else "")
-             + (", divide instruction only" if rec.get("grace_division") == "divide" else "") + ")",
+             + (", divide instruction only" if rec.get("grace_division") == "divide" else "")
+             + (f", prefetch {rec['grace_prefetch']}" if "grace_prefetch" in rec else "") + ")",
              f"{'numel':>10} {'thr':>4} {'grace_adam':>10} {'torch_fused':>11} {'deepspeed':>10} {'grace/best':>10}"]
     for r in rec["measurements"]:
         ks = r["kernels"]
