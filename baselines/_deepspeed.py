@@ -114,6 +114,9 @@ class DeepSpeedSystem:
     OPTIONS: ClassVar[dict[str, Any]] = dict(COMMON_OPTIONS)
     # DeepSpeed ops this system builds just in time on first use (announced, stale build locks cleared)
     DS_OPS: ClassVar[tuple[str, ...]] = ds_build.CPU_OFFLOAD_BUILDERS
+    # ops to build and load before initialize (ds_build.prepare_deepspeed_ops, ``load``); DeepSpeed loads the
+    # others itself when it first needs them
+    DS_PRELOAD: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def validate(cls, run: RunConfig) -> dict[str, Any]:
@@ -153,7 +156,7 @@ class DeepSpeedSystem:
         ds = import_deepspeed()
         # DeepSpeed JIT-builds its CPU ops on first use (cpu_adam in initialize, the CPU accelerator's
         # shm comm op in init_distributed): say so first, and clear the lock of a build that died
-        ds_build.prepare_deepspeed_ops(self.DS_OPS)
+        ds_build.prepare_deepspeed_ops(self.DS_OPS, load=self.DS_PRELOAD)
         self.run = run
         self.version = ds.__version__
         self.device = get_device(run.device)

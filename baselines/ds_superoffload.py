@@ -85,6 +85,9 @@ class DSSuperOffloadSystem(DeepSpeedSystem):
     name: ClassVar[str] = "ds_superoffload"
     OPTIONS: ClassVar[dict[str, Any]] = {**COMMON_OPTIONS, "ratio": as_fraction,
                                          "cpuadam_cores_perc": _cores_perc, "offload_param": as_bool}
+    # its CPU optimizer worker loads cpu_adam and the training step gives up on it after 60 s: a first-use
+    # JIT build there (or a wait on another process's build, two test workers at once) failed the run
+    DS_PRELOAD: ClassVar[tuple[str, ...]] = ("CPUAdamBuilder",)
 
     def zero_config(self, run: RunConfig, options: dict[str, Any], pin: bool) -> dict[str, Any]:
         # the artifact's prism mode sets no stage3_* knobs: DeepSpeed's defaults, written out

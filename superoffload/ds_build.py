@@ -191,11 +191,16 @@ def pin_ninja(bin_dir: str | Path | None = None) -> str | None:
 
 
 def prepare_deepspeed_ops(builders: Iterable[str] = CPU_OFFLOAD_BUILDERS, stale_s: float | None = None,
-                          say: Callable[[str], None] = _say) -> list[str]:
+                          say: Callable[[str], None] = _say, load: Iterable[str] = ()) -> list[str]:
     """:func:`prepare_op` for every op of ``builders`` that this DeepSpeed install builds just in time on
     this accelerator (ops that came prebuilt, or that the accelerator does not have, are left alone), after
     :func:`pin_ninja` and, where ``TORCH_EXTENSIONS_DIR`` is unset, setting it to :func:`default_extensions_dir`
-    (for this process and those it starts). Returns the names of the ops that will be built. Imports DeepSpeed."""
+    (for this process and those it starts). Returns the names of the ops that will be built. Imports DeepSpeed.
+
+    ``load``: builder classes among ``builders`` to build (or wait for another process's build of) and load
+    now, in this process, for a caller whose op is first loaded where a build cannot be waited for: DeepSpeed's
+    SuperOffload loads ``cpu_adam`` in its CPU optimizer worker, whose caller gives up after 60 s, so a build
+    there (or another test process's build it waits on) fails the run."""
     pin_ninja()
     os.environ.setdefault(EXTENSIONS_ENV, str(default_extensions_dir()))
     import deepspeed.ops
@@ -214,4 +219,6 @@ def prepare_deepspeed_ops(builders: Iterable[str] = CPU_OFFLOAD_BUILDERS, stale_
             continue  # not on this accelerator, prebuilt, or never built here
         if prepare_op(builder.NAME, stale_s, say):
             building.append(builder.NAME)
+        if cls in load:
+            builder.load()  # torch waits on a live build's lock itself; the library is cached after
     return building

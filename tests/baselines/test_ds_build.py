@@ -183,3 +183,32 @@ def test_preparing_the_ops_sets_the_per_environment_cache_when_unset(monkeypatch
     monkeypatch.setenv(ds_build.EXTENSIONS_ENV, "/elsewhere")
     ds_build.prepare_deepspeed_ops((), say=lambda m: None)
     assert os.environ[ds_build.EXTENSIONS_ENV] == "/elsewhere"  # a user's choice stands
+
+
+def test_preloaded_ops_are_loaded_in_this_process(ext_dir, monkeypatch, needs_deepspeed):
+    """`load=`: the op is built (or waited for) and loaded before the caller goes on, for DeepSpeed's
+    SuperOffload, whose CPU optimizer worker gives up after 60 s; ops not named are only announced."""
+    from deepspeed.accelerator import get_accelerator
+
+    loaded = []
+    acc = get_accelerator()
+    real = acc.create_op_builder
+
+    def create(cls):
+        builder = real(cls)
+        if builder is not None:
+            monkeypatch.setattr(builder, "load", lambda *a, **k: loaded.append(cls))
+        return builder
+
+    monkeypatch.setattr(acc, "create_op_builder", create)
+    ds_build.prepare_deepspeed_ops(say=lambda m: None, load=("CPUAdamBuilder",))
+    from deepspeed.git_version_info import installed_ops
+
+    assert loaded == ([] if installed_ops.get("cpu_adam") else ["CPUAdamBuilder"])
+
+
+def test_ds_superoffload_preloads_cpu_adam():
+    from baselines._deepspeed import DeepSpeedSystem
+    from baselines.ds_superoffload import DSSuperOffloadSystem
+
+    assert DSSuperOffloadSystem.DS_PRELOAD == ("CPUAdamBuilder",) and DeepSpeedSystem.DS_PRELOAD == ()
